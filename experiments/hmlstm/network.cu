@@ -1,0 +1,748 @@
+// network.cu: the 3-layer HM-LSTM of experiments/peers/MODEL.md on dualcast (see network.hpp).
+//
+// Compiled by nvcc in CUDA builds (the two mixed-mode functors then run as fused GPU kernels) and as
+// plain C++ otherwise; CUDA-only code (event timing) is guarded by __CUDACC__.
+#include "network.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <tuple>
+#include <utility>
+
+#include "dualcast/broadcast.hpp"
+#include "dualcast/error.hpp"
+#include "dualcast/math.hpp"
+#include "dualcast/ops/elementwise.hpp"
+#include "dualcast/ops/linalg.hpp"
+#include "dualcast/ops/loss.hpp"
+#include "dualcast/ops/reduce.hpp"
+#include "dualcast/ops/shape.hpp"
+#include "dualcast/random.hpp"
+
+#if defined(__CUDACC__)
+#include <cuda_runtime_api.h>
+#endif
+
+namespace hmlstm {
+
+using namespace dualcast;
+
+// =================================================================================================
+// The elementwise step, reverse mode: the same math in select form on Vars (one kernel and one tape
+// node per primitive), as the peers' hm_pointwise / cell_b.
+// =================================================================================================
+
+std::pair<Var, Var> reverse_cell(const Tensor& zflag, const Tensor& zbflag, const Var& c, const Var& h,
+                                 const Var& f, const Var& i, const Var& o, const Var& g) {
+  const Var ig = sigmoid(i) * tanh(g);
+  const Tensor flush = zflag == 1.0;
+  const Tensor keep = zbflag == 0.0;
+  const Var c_new = select(flush, ig, select(keep, c, sigmoid(f) * c + ig));
+  const Var h_cand = sigmoid(o) * tanh(c_new);
+  const Var h_new = select(flush, h_cand, select(keep, h, h_cand));
+  return {c_new, h_new};
+}
+
+Var reverse_boundary(const Var& sz, double a, bool soft) {
+  const Var u = (sz * a + 1.0) * 0.5;
+  const Tensor interior = logical_and(u > 0.0, u < 1.0);
+  const Tensor at_top = u >= 1.0;
+  const Var zt = select(at_top, 1.0, select(interior, u, 0.0));
+  if (soft) return zt;
+  const Tensor step = (zt.value() > 0.5).to(zt.dtype());
+  return zt + (step - zt.value());  // value: step exactly; gradient: that of zt (STE)
+}
+
+namespace {
+
+const std::array<const char*, 14> kParamNames = {"E",  "W1", "U1", "b1",  "Td1", "W2",   "U2",
+                                                 "b2", "Td2", "W3", "U3", "b3",  "Wout", "bout"};
+// Indices into params_.
+constexpr int kE = 0, kWout = 12, kBout = 13;
+constexpr std::array<int, 3> kW = {1, 5, 9}, kU = {2, 6, 10}, kB = {3, 7, 11};
+constexpr std::array<int, 2> kTd = {4, 8};
+
+std::uint64_t param_seed(std::uint64_t seed, int index) {
+  return seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull * static_cast<std::uint64_t>(index + 1);
+}
+
+double max_abs(const std::vector<double>& v) {
+  double m = 0.0;
+  for (double x : v) m = std::max(m, std::fabs(x));
+  return m;
+}
+
+/// max|got - want| / max|want| (valdir.py's array_rel_err); inf for NaN or a shape mismatch.
+double array_rel_err(const Tensor& got, const Tensor& want) {
+  if (got.shape() != want.shape()) return INFINITY;
+  const std::vector<double> g = got.to_vector<double>(), w = want.to_vector<double>();
+  double num = 0.0;
+  for (std::size_t j = 0; j < g.size(); ++j) {
+    if (!std::isfinite(g[j])) return INFINITY;
+    num = std::max(num, std::fabs(g[j] - w[j]));
+  }
+  const double den = max_abs(w);
+  if (den == 0.0) return num == 0.0 ? 0.0 : INFINITY;
+  return num / den;
+}
+
+}  // namespace
+
+// =================================================================================================
+// HmlstmNetwork
+// =================================================================================================
+
+const char* cell_mode_name(CellMode mode) { return mode == CellMode::mixed ? "mixed" : "reverse"; }
+
+CellMode parse_cell_mode(const std::string& name) {
+  if (name == "mixed") return CellMode::mixed;
+  if (name == "reverse") return CellMode::reverse;
+  DUALCAST_FAIL("hmlstm: unknown cell mode '", name, "' (expected mixed or reverse)");
+}
+
+HmlstmNetwork::HmlstmNetwork(const NetworkConfig& config) : config_(config) {
+  DUALCAST_CHECK(config.layers == 3, "HmlstmNetwork: layers = ", config.layers,
+                 " unsupported (MODEL.md fixes L = 3)");
+  DUALCAST_CHECK(config.hidden > 0 && config.vocab > 0 && config.batch > 0 && config.seq > 0,
+                 "HmlstmNetwork: hidden, vocab, batch and seq must be positive (got H=", config.hidden,
+                 " V=", config.vocab, " B=", config.batch, " T=", config.seq, ")");
+  DUALCAST_CHECK(is_floating(config.dtype), "HmlstmNetwork: dtype must be float32 or float64");
+  const std::int64_t H = config.hidden, V = config.vocab, G = 4 * H + 1;
+  const Device d = config.device;
+  const DType t = config.dtype;
+  const double r = 1.0 / std::sqrt(static_cast<double>(H));
+  params_.resize(kParamNames.size());
+  auto uni = [&](int idx, const Shape& s) {
+    params_[static_cast<std::size_t>(idx)] = Var::param(Tensor::uniform(s, d, param_seed(config.seed, idx), -r, r, t));
+  };
+  params_[kE] = Var::param(Tensor::randn({V, H}, d, param_seed(config.seed, kE), t));
+  for (int l = 0; l < 3; ++l) {
+    uni(kW[l], {H, G});
+    uni(kU[l], {H, G});
+    params_[static_cast<std::size_t>(kB[l])] = Var::param(Tensor::zeros({G}, t, d));
+    if (l < 2) uni(kTd[l], {H, G});
+  }
+  uni(kWout, {3 * H, V});
+  params_[kBout] = Var::param(Tensor::zeros({V}, t, d));
+}
+
+std::vector<std::string> HmlstmNetwork::param_names() const {
+  return {kParamNames.begin(), kParamNames.end()};
+}
+
+Var& HmlstmNetwork::param(const std::string& name) {
+  for (std::size_t k = 0; k < kParamNames.size(); ++k)
+    if (name == kParamNames[k]) return params_[k];
+  DUALCAST_FAIL("HmlstmNetwork::param: no parameter named '", name, "'");
+}
+
+void HmlstmNetwork::zero_grad() {
+  for (auto& p : params_) p.zero_grad();
+}
+
+void HmlstmNetwork::sgd_step(float lr) {
+  if (!sgd_) sgd_ = std::make_unique<optim::SGD>(params_, lr);
+  else sgd_->set_lr(lr);
+  sgd_->step();
+  zero_grad();
+}
+
+void HmlstmNetwork::load_params_from(const HmlstmNetwork& other) {
+  DUALCAST_CHECK(other.params_.size() == params_.size(), "load_params_from: parameter count differs");
+  for (std::size_t k = 0; k < params_.size(); ++k) {
+    const Tensor& src = other.params_[k].value();
+    const Tensor& dst = params_[k].value();
+    DUALCAST_CHECK(src.shape() == dst.shape(), "load_params_from: parameter ", kParamNames[k],
+                   " has shape ", src.shape().str(), " there and ", dst.shape().str(), " here");
+    Tensor converted = src.to(dst.dtype());
+    Tensor(dst).copy_(converted);
+  }
+}
+
+Var HmlstmNetwork::loss(const Tensor& tokens_in) {
+  check_defined(tokens_in, "HmlstmNetwork::loss", "tokens");
+  DUALCAST_CHECK(tokens_in.rank() == 2 && tokens_in.shape()[0] >= 2 && tokens_in.shape()[1] >= 1,
+                 "HmlstmNetwork::loss: tokens must be [T+1, B] with T >= 1, B >= 1; got ",
+                 tokens_in.shape().str());
+  DUALCAST_CHECK(is_floating(tokens_in.dtype()), "HmlstmNetwork::loss: tokens must hold float ids");
+  const std::int64_t T = tokens_in.shape()[0] - 1, B = tokens_in.shape()[1];
+  const std::int64_t H = config_.hidden, V = config_.vocab;
+  const Device dev = config_.device;
+  const DType dt = config_.dtype;
+  if (tokens_in.device().is_cpu()) {
+    for (double x : tokens_in.to_vector<double>())
+      DUALCAST_CHECK(x >= 0 && x < static_cast<double>(V) && x == std::floor(x),
+                     "HmlstmNetwork::loss: token id ", x, " is not an integer in [0, ", V, ")");
+  }
+  const Tensor tok = tokens_in.to(dev).to(dt);
+  const Tensor classes = Tensor::arange(V, dt, dev);
+  const Tensor in_ids = reshape(slice(tok, 0, 0, T), {T * B, std::int64_t{1}});
+  const Tensor tgt_ids = reshape(slice(tok, 0, 1, T + 1), {T * B});
+  const Tensor onehot_in = (in_ids == classes).to(dt);  // [T*B, V]
+
+  auto P = [&](int idx) -> const Var& { return params_[static_cast<std::size_t>(idx)]; };
+  // h^0_t = E[x_t] as a one-hot product: its gradient onehot^T @ dh is the scatter-add of rows.
+  const Var emb = matmul(Var(onehot_in), P(kE));  // [T*B, H]
+  const std::vector<Var> embs = split(emb, 0, std::vector<std::int64_t>(static_cast<std::size_t>(T), B));
+
+  const Tensor zeros_bh = Tensor::zeros({B, H}, dt, dev);
+  const Tensor zeros_b1 = Tensor::zeros({B, 1}, dt, dev);
+  const Tensor ones_b1 = Tensor::ones({B, 1}, dt, dev);
+  std::array<Var, 3> c{Var(zeros_bh), Var(zeros_bh), Var(zeros_bh)};
+  std::array<Var, 3> h = c;
+  std::array<Var, 3> z{Var(zeros_b1), Var(zeros_b1), Var(zeros_b1)};
+  std::array<std::vector<Var>, 3> hs;  // h^l_t for every t, per layer
+  for (auto& v : hs) v.reserve(static_cast<std::size_t>(T));
+  last_z_prev_.clear();
+  last_zb_.clear();
+  last_z_new_.clear();
+
+  const double a = config_.slope;
+  // The 0/1 flag of a boundary: z itself in STE mode (exactly 0 or 1), step(z~) with soft_boundary.
+  auto flag_of = [&](const Var& zv) -> Tensor {
+    if (!config_.soft_boundary) return zv.value();
+    return (zv.value() > 0.5).to(dt);
+  };
+  const std::vector<std::int64_t> gate_sizes = {H, H, H, H, 1};
+  for (std::int64_t t = 0; t < T; ++t) {
+    std::array<Var, 3> nc, nh, nz;
+    for (int l = 0; l < 3; ++l) {
+      // s = zb * (h^{l-1}_t @ W) + h^l_{t-1} @ U + z^l_{t-1} * (h^{l+1}_{t-1} @ Td) + b.
+      // At t = 0 the state is zero, so the U and Td terms are exactly zero (and so are their
+      // contributions to the gradients): they are skipped.
+      const Var& below = l == 0 ? embs[static_cast<std::size_t>(t)] : nh[l - 1];
+      Var s = matmul(below, P(kW[l]));
+      if (l > 0) s = nz[l - 1] * s;
+      if (t > 0) {
+        s = s + matmul(h[l], P(kU[l]));
+        if (l < 2) s = s + z[l] * matmul(h[l + 1], P(kTd[l]));
+      }
+      s = s + P(kB[l]);
+
+      const std::vector<Var> gates = split(s, 1, gate_sizes);  // f, i, o, g, s_z
+      const Tensor zflag = flag_of(z[l]);
+      const Tensor zbflag = l == 0 ? ones_b1 : flag_of(nz[l - 1]);
+      if (config_.mode == CellMode::mixed) {
+        if (l == 0) {
+          auto [cn, hn] = broadcast(config_.partials, HmCell{}, zflag, 1.0, c[l], h[l], gates[0],
+                                    gates[1], gates[2], gates[3]);
+          nc[l] = cn;
+          nh[l] = hn;
+        } else {
+          auto [cn, hn] = broadcast(config_.partials, HmCell{}, zflag, zbflag, c[l], h[l], gates[0],
+                                    gates[1], gates[2], gates[3]);
+          nc[l] = cn;
+          nh[l] = hn;
+        }
+        nz[l] = config_.soft_boundary ? broadcast(config_.partials, BoundarySoft{}, gates[4], a)
+                                      : broadcast(config_.partials, BoundarySte{}, gates[4], a);
+      } else {
+        auto [cn, hn] = reverse_cell(zflag, zbflag, c[l], h[l], gates[0], gates[1], gates[2], gates[3]);
+        nc[l] = cn;
+        nh[l] = hn;
+        nz[l] = reverse_boundary(gates[4], a, config_.soft_boundary);
+      }
+      last_z_prev_.push_back(zflag);
+      last_zb_.push_back(l == 0 ? Tensor() : zbflag);
+      last_z_new_.push_back(nz[l].value());
+      hs[static_cast<std::size_t>(l)].push_back(nh[l]);
+    }
+    // The layer above read h^{l+1}_{t-1}, z^l_{t-1} before they are replaced here.
+    c = nc;
+    h = nh;
+    z = nz;
+  }
+
+  const Var hcat = concat({concat(hs[0], 0), concat(hs[1], 0), concat(hs[2], 0)}, 1);  // [T*B, 3H]
+  const Var logits = matmul(hcat, P(kWout)) + P(kBout);                                // [T*B, V]
+  // Mean softmax cross-entropy in nats (dualcast's fused kernel; it checks the labels, one sync).
+  return cross_entropy(logits, tgt_ids);
+}
+
+BoundaryStats HmlstmNetwork::boundary_stats() const {
+  BoundaryStats st;
+  st.flush.assign(3, 0);
+  st.copy.assign(3, 0);
+  st.update.assign(3, 0);
+  st.z1.assign(3, 0);
+  for (std::size_t k = 0; k < last_z_prev_.size(); ++k) {
+    const int l = static_cast<int>(k % 3);
+    const auto zp = last_z_prev_[k].to_vector<double>();
+    const auto zn = last_z_new_[k].to_vector<double>();
+    std::vector<double> zb(zp.size(), 1.0);
+    if (last_zb_[k].defined()) zb = last_zb_[k].to_vector<double>();
+    for (std::size_t b = 0; b < zp.size(); ++b) {
+      if (zp[b] == 1) ++st.flush[l];
+      else if (zb[b] == 0) ++st.copy[l];
+      else ++st.update[l];
+      if (zn[b] > 0.5) ++st.z1[l];
+    }
+  }
+  return st;
+}
+
+std::vector<std::uint8_t> HmlstmNetwork::boundary_flags() const {
+  std::vector<std::uint8_t> flags;
+  for (const Tensor& zn : last_z_new_)
+    for (double v : zn.to_vector<double>()) flags.push_back(v > 0.5 ? 1 : 0);
+  return flags;
+}
+
+double HmlstmNetwork::min_boundary_margin() const {
+  double m = 0.5;
+  for (const Tensor& zn : last_z_new_)
+    for (double v : zn.to_vector<double>()) m = std::min(m, std::fabs(v - 0.5));
+  return m;
+}
+
+// =================================================================================================
+// tokens, mode comparison, timing
+// =================================================================================================
+
+Tensor random_tokens(int seq, int batch, int vocab, std::uint64_t seed) {
+  DUALCAST_CHECK(seq >= 1 && batch >= 1 && vocab >= 1, "random_tokens: seq, batch, vocab must be >= 1");
+  const std::size_t n = static_cast<std::size_t>(seq + 1) * static_cast<std::size_t>(batch);
+  std::vector<float> ids(n);
+  for (std::size_t j = 0; j < n; ++j) {
+    const double u = random::uniform(seed, j);  // (0, 1]
+    ids[j] = static_cast<float>(std::min(vocab - 1, static_cast<int>(std::floor(u * vocab))));
+  }
+  return Tensor::from_vector({seq + 1, batch}, ids);
+}
+
+ModeComparison compare_modes(const NetworkConfig& config, const Tensor& tokens, double tolerance) {
+  ModeComparison r;
+  r.tolerance = tolerance > 0 ? tolerance : (config.dtype == DType::float64 ? 1e-10 : 1e-3);
+  NetworkConfig cm = config, cr = config;
+  cm.mode = CellMode::mixed;
+  cr.mode = CellMode::reverse;
+  HmlstmNetwork mixed(cm), reverse(cr);
+  reverse.load_params_from(mixed);
+  Var lm = mixed.loss(tokens);
+  lm.backward();
+  Var lr = reverse.loss(tokens);
+  lr.backward();
+  r.loss_mixed = lm.item();
+  r.loss_reverse = lr.item();
+  r.loss_rel_err = std::fabs(r.loss_mixed - r.loss_reverse) / std::max(std::fabs(r.loss_reverse), 1e-300);
+  if (!std::isfinite(r.loss_mixed)) r.loss_rel_err = INFINITY;
+  const auto names = mixed.param_names();
+  for (std::size_t k = 0; k < names.size(); ++k) {
+    const Var& pm = mixed.params()[k];
+    const Var& pr = reverse.params()[k];
+    double err;
+    if (!pm.has_grad() || !pr.has_grad()) err = (pm.has_grad() == pr.has_grad()) ? 0.0 : INFINITY;
+    else err = array_rel_err(pm.grad(), pr.grad());
+    if (err > r.max_grad_rel_err || r.worst_param.empty()) {
+      r.max_grad_rel_err = std::max(r.max_grad_rel_err, err);
+      r.worst_param = names[k];
+    }
+  }
+  const BoundaryStats sm = mixed.boundary_stats(), sr = reverse.boundary_stats();
+  r.same_boundaries = sm.flush == sr.flush && sm.copy == sr.copy && sm.update == sr.update && sm.z1 == sr.z1;
+  r.ok = r.loss_rel_err <= r.tolerance && r.max_grad_rel_err <= r.tolerance;
+  std::ostringstream os;
+  os << "mixed vs reverse (H=" << config.hidden << " B=" << tokens.shape()[1]
+     << " T=" << tokens.shape()[0] - 1 << " " << dtype_name(config.dtype) << " " << config.device.str()
+     << "): loss " << r.loss_mixed << " vs " << r.loss_reverse << " (rel err " << r.loss_rel_err
+     << "), worst gradient rel err " << r.max_grad_rel_err << " (" << r.worst_param << "), tolerance "
+     << r.tolerance << (r.same_boundaries ? "" : "; the modes took DIFFERENT boundary decisions")
+     << (r.ok ? ": ok" : ": FAILED");
+  r.message = os.str();
+  return r;
+}
+
+namespace {
+double percentile(std::vector<double> v, double q) {
+  if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
+  std::sort(v.begin(), v.end());
+  const double pos = q * static_cast<double>(v.size() - 1);
+  const std::size_t lo = static_cast<std::size_t>(std::floor(pos));
+  const std::size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (pos - static_cast<double>(lo)) * (v[hi] - v[lo]);
+}
+constexpr float kTimingLr = 0.1f;  // MODEL.md's timing default
+}  // namespace
+
+StepTiming time_training_step(const NetworkConfig& config, int warmup, int reps) {
+  DUALCAST_CHECK(warmup >= 0 && reps >= 1, "time_training_step: warmup >= 0 and reps >= 1 required");
+  std::vector<Tensor> batches;
+  for (int k = 0; k < 3; ++k)
+    batches.push_back(random_tokens(config.seq, config.batch, config.vocab, config.seed + 1000 + k)
+                          .to(config.device));
+
+  StepTiming timing;
+  {
+    const ModeComparison cmp = compare_modes(config, batches[0]);
+    DUALCAST_CHECK(cmp.ok, "time_training_step: validation failed: ", cmp.message);
+    timing.mode_rel_err = std::max(cmp.loss_rel_err, cmp.max_grad_rel_err);
+    timing.loss = config.mode == CellMode::mixed ? cmp.loss_mixed : cmp.loss_reverse;
+  }
+
+  HmlstmNetwork net(config);
+  auto step = [&](int k) {
+    Var l = net.loss(batches[static_cast<std::size_t>(k % 3)]);
+    l.backward();
+    net.sgd_step(kTimingLr);
+    return l;
+  };
+  for (int k = 0; k < warmup; ++k) step(k);
+  synchronize(config.device);
+
+  std::vector<double> wall, gpu;
+#if defined(__CUDACC__)
+  cudaEvent_t ev0 = nullptr, ev1 = nullptr;
+  std::unique_ptr<detail::DeviceGuard> guard;
+  if (config.device.is_cuda()) {
+    guard = std::make_unique<detail::DeviceGuard>(config.device);
+    DUALCAST_CUDA_CHECK(cudaEventCreate(&ev0));
+    DUALCAST_CUDA_CHECK(cudaEventCreate(&ev1));
+  }
+#endif
+  Var last;
+  for (int k = 0; k < reps; ++k) {
+    synchronize(config.device);
+    const auto t0 = std::chrono::steady_clock::now();
+#if defined(__CUDACC__)
+    if (config.device.is_cuda()) DUALCAST_CUDA_CHECK(cudaEventRecord(ev0, 0));
+#endif
+    last = step(warmup + k);
+#if defined(__CUDACC__)
+    if (config.device.is_cuda()) DUALCAST_CUDA_CHECK(cudaEventRecord(ev1, 0));
+#endif
+    synchronize(config.device);
+    const auto t1 = std::chrono::steady_clock::now();
+    wall.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+#if defined(__CUDACC__)
+    if (config.device.is_cuda()) {
+      float ms = 0.0f;
+      DUALCAST_CUDA_CHECK(cudaEventElapsedTime(&ms, ev0, ev1));
+      gpu.push_back(ms);
+    }
+#endif
+    last = Var();  // the graph was already freed by backward; drop the handle outside the timing
+  }
+#if defined(__CUDACC__)
+  if (ev0) cudaEventDestroy(ev0);
+  if (ev1) cudaEventDestroy(ev1);
+#endif
+  timing.reps = reps;
+  timing.wall_ms_median = percentile(wall, 0.5);
+  timing.wall_ms_p10 = percentile(wall, 0.1);
+  timing.wall_ms_p90 = percentile(wall, 0.9);
+  timing.gpu_ms_median = gpu.empty() ? std::numeric_limits<double>::quiet_NaN() : percentile(gpu, 0.5);
+  return timing;
+}
+
+// =================================================================================================
+// validation directory (experiments/peers/valdir.py format)
+// =================================================================================================
+
+namespace {
+
+/// A minimal JSON value, enough to read and rewrite manifest.json without losing entries. Numbers
+/// keep their source text, so unchanged entries are written back exactly.
+struct Json {
+  enum Kind { null, boolean, number, string, array, object } kind = null;
+  std::string text;  // number: its text; string: the decoded value; boolean: "true"/"false"
+  std::vector<Json> items;
+  std::vector<std::pair<std::string, Json>> members;
+
+  Json* find(const std::string& key) {
+    for (auto& [k, v] : members)
+      if (k == key) return &v;
+    return nullptr;
+  }
+  Json& member(const std::string& key) {
+    if (Json* v = find(key)) return *v;
+    members.emplace_back(key, Json{});
+    return members.back().second;
+  }
+  static Json num(const std::string& t) { Json j; j.kind = number; j.text = t; return j; }
+  static Json str(const std::string& t) { Json j; j.kind = string; j.text = t; return j; }
+  static Json obj() { Json j; j.kind = object; return j; }
+  static Json arr() { Json j; j.kind = array; return j; }
+};
+
+class JsonParser {
+ public:
+  JsonParser(const std::string& text, const std::string& where) : s_(text), where_(where) {}
+  Json parse() {
+    Json v = value();
+    ws();
+    if (p_ != s_.size()) fail("trailing characters");
+    return v;
+  }
+
+ private:
+  [[noreturn]] void fail(const char* what) {
+    DUALCAST_FAIL(where_, ": cannot parse JSON (", what, " at offset ", p_, ")");
+  }
+  void ws() {
+    while (p_ < s_.size() && (s_[p_] == ' ' || s_[p_] == '\n' || s_[p_] == '\r' || s_[p_] == '\t')) ++p_;
+  }
+  bool eat(char c) {
+    ws();
+    if (p_ < s_.size() && s_[p_] == c) { ++p_; return true; }
+    return false;
+  }
+  void expect(char c) {
+    if (!eat(c)) fail("unexpected character");
+  }
+  std::string string_lit() {
+    expect('"');
+    std::string out;
+    while (true) {
+      if (p_ >= s_.size()) fail("unterminated string");
+      const char c = s_[p_++];
+      if (c == '"') break;
+      if (c != '\\') { out += c; continue; }
+      if (p_ >= s_.size()) fail("bad escape");
+      const char e = s_[p_++];
+      switch (e) {
+        case '"': out += '"'; break;
+        case '\\': out += '\\'; break;
+        case '/': out += '/'; break;
+        case 'b': out += '\b'; break;
+        case 'f': out += '\f'; break;
+        case 'n': out += '\n'; break;
+        case 'r': out += '\r'; break;
+        case 't': out += '\t'; break;
+        case 'u': {
+          if (p_ + 4 > s_.size()) fail("bad \\u escape");
+          const unsigned cp = static_cast<unsigned>(std::stoul(s_.substr(p_, 4), nullptr, 16));
+          p_ += 4;
+          if (cp < 0x80) out += static_cast<char>(cp);
+          else if (cp < 0x800) { out += static_cast<char>(0xC0 | (cp >> 6)); out += static_cast<char>(0x80 | (cp & 0x3F)); }
+          else { out += static_cast<char>(0xE0 | (cp >> 12)); out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F)); out += static_cast<char>(0x80 | (cp & 0x3F)); }
+          break;
+        }
+        default: fail("bad escape");
+      }
+    }
+    return out;
+  }
+  Json value() {
+    ws();
+    if (p_ >= s_.size()) fail("unexpected end");
+    const char c = s_[p_];
+    if (c == '{') {
+      ++p_;
+      Json o = Json::obj();
+      if (eat('}')) return o;
+      do {
+        ws();
+        std::string k = string_lit();
+        expect(':');
+        o.members.emplace_back(std::move(k), value());
+      } while (eat(','));
+      expect('}');
+      return o;
+    }
+    if (c == '[') {
+      ++p_;
+      Json a = Json::arr();
+      if (eat(']')) return a;
+      do a.items.push_back(value());
+      while (eat(','));
+      expect(']');
+      return a;
+    }
+    if (c == '"') return Json::str(string_lit());
+    for (const char* lit : {"true", "false", "null", "NaN", "Infinity", "-Infinity"}) {
+      const std::string l(lit);
+      if (s_.compare(p_, l.size(), l) == 0) {
+        p_ += l.size();
+        Json j;
+        if (l == "true" || l == "false") { j.kind = Json::boolean; j.text = l; }
+        else if (l != "null") { j.kind = Json::number; j.text = l; }
+        return j;
+      }
+    }
+    const std::size_t start = p_;
+    while (p_ < s_.size() && (std::isdigit(static_cast<unsigned char>(s_[p_])) || s_[p_] == '-' ||
+                              s_[p_] == '+' || s_[p_] == '.' || s_[p_] == 'e' || s_[p_] == 'E'))
+      ++p_;
+    if (p_ == start) fail("unexpected character");
+    return Json::num(s_.substr(start, p_ - start));
+  }
+
+  const std::string& s_;
+  std::string where_;
+  std::size_t p_ = 0;
+};
+
+void write_json(std::ostream& os, const Json& j, int indent) {
+  const std::string pad(static_cast<std::size_t>(indent), ' ');
+  switch (j.kind) {
+    case Json::null: os << "null"; break;
+    case Json::boolean:
+    case Json::number: os << j.text; break;
+    case Json::string: {
+      os << '"';
+      for (const char c : j.text) {
+        if (c == '"' || c == '\\') os << '\\' << c;
+        else if (c == '\n') os << "\\n";
+        else if (static_cast<unsigned char>(c) < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(c));
+          os << buf;
+        } else os << c;
+      }
+      os << '"';
+      break;
+    }
+    case Json::array: {
+      os << '[';
+      for (std::size_t k = 0; k < j.items.size(); ++k) {
+        if (k) os << ", ";
+        write_json(os, j.items[k], indent);
+      }
+      os << ']';
+      break;
+    }
+    case Json::object: {
+      if (j.members.empty()) { os << "{}"; break; }
+      os << "{\n";
+      for (std::size_t k = 0; k < j.members.size(); ++k) {
+        os << pad << ' ';
+        write_json(os, Json::str(j.members[k].first), 0);
+        os << ": ";
+        write_json(os, j.members[k].second, indent + 1);
+        os << (k + 1 < j.members.size() ? ",\n" : "\n");
+      }
+      os << pad << '}';
+      break;
+    }
+  }
+}
+
+std::string fmt_double(double v) {
+  if (!std::isfinite(v)) return "NaN";  // Python's json reads NaN (valdir turns it into a failure)
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  std::string s(buf);
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
+  return s;
+}
+
+template <class T>
+void write_raw(const std::filesystem::path& file, const std::vector<T>& data) {
+  std::ofstream out(file, std::ios::binary | std::ios::trunc);
+  DUALCAST_CHECK(out.good(), "write_validation: cannot open ", file.string(), " for writing");
+  out.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size() * sizeof(T)));
+  DUALCAST_CHECK(out.good(), "write_validation: writing ", file.string(), " failed");
+}
+
+Json shape_json(const Shape& s) {
+  Json a = Json::arr();
+  for (int d = 0; d < s.rank(); ++d) a.items.push_back(Json::num(std::to_string(s[d])));
+  return a;
+}
+
+}  // namespace
+
+void write_validation(const std::string& dir, const NetworkConfig& config) {
+  namespace fs = std::filesystem;
+  const fs::path root(dir);
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  DUALCAST_CHECK(fs::is_directory(root), "write_validation: cannot create directory ", dir,
+                 ec ? " (" + ec.message() + ")" : std::string());
+
+  HmlstmNetwork net(config);
+  // The peers read float32 parameters: compute at exactly those values.
+  for (auto& p : net.params()) Tensor(p.value()).copy_(p.value().to(DType::float32).to(p.dtype()));
+  // A float64 twin at the same parameters: token batches on which some boundary decision differs
+  // between float32 and float64 are skipped (up to 16 tries). Such a decision lies within rounding
+  // of z~ = 0.5 (typically 0 < a s_z < 2^-24, where fp32 rounds u to exactly 0.5), and another fp32
+  // implementation could take it either way; MODEL.md's validation caveat.
+  NetworkConfig c64 = config;
+  c64.dtype = DType::float64;
+  HmlstmNetwork twin(c64);
+  twin.load_params_from(net);
+  Tensor tokens;
+  std::uint64_t token_seed = config.seed + 1000;
+  bool decisions_agree = false;
+  for (int attempt = 0; attempt < 16 && !decisions_agree; ++attempt) {
+    token_seed = config.seed + 1000 + static_cast<std::uint64_t>(attempt);
+    tokens = random_tokens(config.seq, config.batch, config.vocab, token_seed);
+    NoGradGuard no_grad;
+    (void)net.loss(tokens);
+    (void)twin.loss(tokens);
+    decisions_agree = net.boundary_flags() == twin.boundary_flags();
+  }
+  Var loss = net.loss(tokens);
+  loss.backward();
+  const double loss_value = loss.item();
+
+  Json manifest = Json::obj();
+  const fs::path mpath = root / "manifest.json";
+  if (fs::exists(mpath)) {
+    std::ifstream in(mpath);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    manifest = JsonParser(ss.str(), mpath.string()).parse();
+    DUALCAST_CHECK(manifest.kind == Json::object, mpath.string(), ": top level must be an object");
+  }
+  manifest.member("arrays");  // create both first: member() may reallocate the member list
+  manifest.member("scalars");
+  Json& arrays = *manifest.find("arrays");
+  Json& scalars = *manifest.find("scalars");
+  if (arrays.kind != Json::object) arrays = Json::obj();
+  if (scalars.kind != Json::object) scalars = Json::obj();
+
+  auto put_array = [&](const std::string& name, const Shape& shape, const char* dtype) {
+    Json meta = Json::obj();
+    meta.member("file") = Json::str(name + ".bin");
+    meta.member("shape") = shape_json(shape);
+    meta.member("dtype") = Json::str(dtype);
+    arrays.member(name) = meta;
+  };
+
+  {
+    const auto ids = tokens.to_vector<double>();
+    std::vector<std::int32_t> v(ids.size());
+    for (std::size_t j = 0; j < ids.size(); ++j) v[j] = static_cast<std::int32_t>(ids[j]);
+    write_raw(root / "e_tokens.bin", v);
+    put_array("e_tokens", tokens.shape(), "int32");
+  }
+  const auto names = net.param_names();
+  for (std::size_t k = 0; k < names.size(); ++k) {
+    const Var& p = net.params()[k];
+    const std::string name = "e_" + names[k];
+    write_raw(root / (name + ".bin"), p.value().to_vector<float>());
+    put_array(name, p.shape(), "float32");
+    const double gn = p.has_grad() ? norm(p.grad()) : 0.0;
+    scalars.member("e_gradnorm_" + names[k]) = Json::num(fmt_double(gn));
+  }
+  scalars.member("e_loss") = Json::num(fmt_double(loss_value));
+  scalars.member("e_slope") = Json::num(fmt_double(static_cast<double>(config.slope)));
+  scalars.member("e_H") = Json::num(std::to_string(config.hidden));
+  scalars.member("e_B") = Json::num(std::to_string(config.batch));
+  scalars.member("e_T") = Json::num(std::to_string(config.seq));
+  // Extras (ignored by valdir.py): the token seed used, and whether float32 and float64 took the
+  // same boundary decisions there (1) or no such batch was found in 16 tries (0).
+  scalars.member("e_token_seed") = Json::num(std::to_string(token_seed));
+  scalars.member("e_boundaries_fp64_agree") = Json::num(decisions_agree ? "1" : "0");
+
+  const fs::path tmp = root / "manifest.json.tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    DUALCAST_CHECK(out.good(), "write_validation: cannot write ", tmp.string());
+    write_json(out, manifest, 0);
+    out << '\n';
+    DUALCAST_CHECK(out.good(), "write_validation: writing ", tmp.string(), " failed");
+  }
+  fs::rename(tmp, mpath);
+}
+
+}  // namespace hmlstm

@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Runs the HM-LSTM experiment end to end: the driver (hmlstm_experiment, already built), then
+plot.py.  Builds nothing itself.
+
+    python3 experiments/hmlstm/run.py [--build DIR] [--out DIR] [--no-plots] [DRIVER OPTIONS...]
+
+The driver binary is looked for in --build DIR, else in build-exp-cuda, build-cuda, build, build-exp,
+build-cpu under the repository root (a CUDA-enabled build first when a GPU is present).  Every option
+this script does not know is passed to the driver unchanged (e.g. --full, --peers, --workloads a,c,
+--dims 512,1024).  The driver chooses the GPU when one is present (--device auto).  Plots need
+matplotlib: the first of this interpreter, python3 and /usr/bin/python3 that has it draws them; if
+none has it, that is said and the plots are skipped.
+"""
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+CANDIDATE_BUILDS = ("build-exp-cuda", "build-cuda", "build", "build-exp", "build-cpu")
+REL_BIN = os.path.join("experiments", "hmlstm", "hmlstm_experiment")
+
+
+def gpu_present():
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return False
+    try:
+        r = subprocess.run([smi, "-L"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return r.returncode == 0 and b"GPU" in r.stdout
+
+
+def is_cuda_build(build_dir):
+    """A build configured with the CUDA backend (nvcc found and DUALCAST_ENABLE_CUDA not OFF)."""
+    try:
+        with open(os.path.join(build_dir, "CMakeCache.txt")) as fh:
+            text = fh.read()
+    except OSError:
+        return False
+    if "DUALCAST_ENABLE_CUDA:BOOL=OFF" in text:
+        return False
+    for line in text.splitlines():
+        if line.startswith("CMAKE_CUDA_COMPILER:"):
+            value = line.split("=", 1)[1].strip()
+            return bool(value) and not value.endswith("NOTFOUND")
+    return False
+
+
+def find_driver(build):
+    if build:
+        p = os.path.join(build, REL_BIN)
+        return p if os.path.isfile(p) else None
+    found = [os.path.join(ROOT, b) for b in CANDIDATE_BUILDS if os.path.isfile(os.path.join(ROOT, b, REL_BIN))]
+    if not found:
+        return None
+    if gpu_present():
+        cuda = [b for b in found if is_cuda_build(b)]
+        if cuda:
+            return os.path.join(cuda[0], REL_BIN)
+        print("run.py: note: a GPU is present but no CUDA-enabled build of the driver was found; "
+              "running %s on the CPU" % found[0], file=sys.stderr)
+    return os.path.join(found[0], REL_BIN)
+
+
+def python_with(module):
+    cands = [sys.executable, "python3", "/usr/bin/python3"]
+    seen = set()
+    for c in cands:
+        if not c or c in seen:
+            continue
+        seen.add(c)
+        exe = shutil.which(c) if not os.path.isabs(c) else c
+        if not exe or not os.path.exists(exe):
+            continue
+        r = subprocess.run([exe, "-c", "import %s" % module], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if r.returncode == 0:
+            return exe
+    return None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", help="build folder holding experiments/hmlstm/hmlstm_experiment")
+    ap.add_argument("--out", default=os.path.join("results", "hmlstm"), help="results folder (default results/hmlstm)")
+    ap.add_argument("--no-plots", action="store_true", help="skip plot.py")
+    args, rest = ap.parse_known_args()
+    if rest and rest[0] == "--":
+        rest = rest[1:]
+
+    driver = find_driver(args.build)
+    if driver is None:
+        where = args.build or ", ".join(CANDIDATE_BUILDS)
+        print("run.py: error: hmlstm_experiment not found in %s; build it first, e.g.\n"
+              "  cmake -S . -B build-exp -G Ninja && cmake --build build-exp --target hmlstm_experiment"
+              % where, file=sys.stderr)
+        return 2
+    cmd = [driver, "--out", args.out] + rest
+    if "--peers" in rest and "--python" not in rest:
+        py = python_with("numpy")
+        if py:
+            cmd += ["--python", py]
+    print("run.py: " + " ".join(cmd), file=sys.stderr, flush=True)
+    rc = subprocess.call(cmd)
+    if rc != 0:
+        print("run.py: the driver exited with status %d" % rc, file=sys.stderr)
+        return rc
+    if args.no_plots:
+        return 0
+    py = python_with("matplotlib")
+    if py is None:
+        print("run.py: matplotlib is not installed for any of %s, python3, /usr/bin/python3: plots skipped"
+              % sys.executable)
+        return 0
+    return subprocess.call([py, os.path.join(HERE, "plot.py"), args.out])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,471 @@
+// mnist_train: trains logistic regression or a 784-256-100-10 ReLU MLP on Fashion-MNIST (or MNIST:
+// same files) with softmax cross-entropy, minibatch SGD or Adam, on the CPU or a CUDA device, and
+// reports per-epoch train loss, test loss and accuracy, and time. See README.md beside this file.
+//
+// The data set lives on the run device; each step gathers its shuffled minibatch there with one
+// kernel. Every step has the same shapes, so after the first epoch every buffer comes from the caching
+// allocator: the CSV records the allocator's counters per epoch to show it.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <limits>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "dualcast/data.hpp"
+#include "dualcast/device.hpp"
+#include "dualcast/error.hpp"
+#include "dualcast/memory.hpp"
+#include "dualcast/ops/loss.hpp"
+#include "dualcast/optim.hpp"
+#include "model.hpp"
+
+namespace {
+
+using dualcast::Device;
+using dualcast::Shape;
+using dualcast::Tensor;
+using dualcast::Var;
+
+const char* kUsage = R"(usage: mnist_train [options]
+
+Trains a classifier on Fashion-MNIST (or MNIST: same IDX files) and reports, per epoch, the mean
+training loss, the test loss and accuracy, and the time taken.
+
+options:
+  --model logreg|mlp        784->10 logistic regression, or 784-256-100-10 ReLU MLP (default mlp)
+  --optimizer sgd|adam      (default sgd)
+  --lr X                    learning rate > 0 (default 0.1 for sgd, 0.001 for adam)
+  --schedule constant|cosine  learning rate constant, or cosine-annealed from --lr towards 0 over
+                            all steps of the run (default constant)
+  --momentum X              SGD momentum in [0, 1) (default 0)
+  --weight-decay X          L2 weight decay >= 0 (default 0)
+  --epochs N                (default 10)
+  --batch N                 minibatch size, 1..training-set size (default 100)
+  --seed N                  weight init and shuffling seed (default 0)
+  --device cpu|cuda|cuda:K  (default cpu)
+  --data DIR                directory of {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]
+                            (default /usr/share/datasets/fashion-mnist, Debian dataset-fashion-mnist)
+  --out DIR                 write DIR/NAME.json and DIR/NAME.csv with the per-epoch metrics
+  --name NAME               file stem for --out (default MODEL_OPTIMIZER[_SCHEDULE]_DEVICE, e.g.
+                            mlp_sgd_cpu, mlp_adam_cosine_cuda-0)
+  --max-steps-per-epoch N   stop each epoch after N steps (smoke tests)
+  --eval-batch N            rows per forward pass when evaluating (default 1000)
+  --quiet                   no progress bar
+  --help                    this text
+
+The progress bar goes to stderr; one line per epoch to stdout. Exit status: 0 on success, 1 for a
+data or runtime error, 2 for a command-line error.
+)";
+
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct Options {
+  std::string model = "mlp";
+  std::string optimizer = "sgd";
+  double lr = std::numeric_limits<double>::quiet_NaN();
+  bool lr_given = false;
+  std::string schedule = "constant";
+  double momentum = 0.0;
+  double weight_decay = 0.0;
+  int epochs = 10;
+  std::int64_t batch = 100;
+  std::uint64_t seed = 0;
+  std::string device = "cpu";
+  std::string data = dualcast::data::kFashionMnistDir;
+  std::string out;
+  std::string name;
+  std::int64_t max_steps = -1;
+  std::int64_t eval_batch = 1000;
+  bool quiet = false;
+};
+
+double parse_double(const std::string& opt, const std::string& s) {
+  std::size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &used);
+  } catch (const std::exception&) {
+    throw UsageError(opt + ": '" + s + "' is not a number");
+  }
+  if (used != s.size()) throw UsageError(opt + ": '" + s + "' is not a number");
+  return v;
+}
+
+std::int64_t parse_int(const std::string& opt, const std::string& s, std::int64_t lo) {
+  std::size_t used = 0;
+  long long v = 0;
+  try {
+    v = std::stoll(s, &used);
+  } catch (const std::exception&) {
+    throw UsageError(opt + ": '" + s + "' is not an integer");
+  }
+  if (used != s.size()) throw UsageError(opt + ": '" + s + "' is not an integer");
+  if (v < lo) throw UsageError(opt + ": " + s + " is below the minimum " + std::to_string(lo));
+  return v;
+}
+
+Options parse(int argc, char** argv, bool& help) {
+  Options o;
+  help = false;
+  std::vector<std::string> args(argv + 1, argv + argc);
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    std::string a = args[i], value;
+    bool has_value = false;
+    if (const auto eq = a.find('='); a.rfind("--", 0) == 0 && eq != std::string::npos) {
+      value = a.substr(eq + 1);
+      a = a.substr(0, eq);
+      has_value = true;
+    }
+    auto next = [&]() -> std::string {
+      if (has_value) return value;
+      if (i + 1 >= args.size()) throw UsageError(a + " needs a value");
+      return args[++i];
+    };
+    auto flag = [&] {
+      if (has_value) throw UsageError(a + " takes no value");
+    };
+    if (a == "--help" || a == "-h") { flag(); help = true; }
+    else if (a == "--quiet") { flag(); o.quiet = true; }
+    else if (a == "--model") o.model = next();
+    else if (a == "--optimizer") o.optimizer = next();
+    else if (a == "--lr") { o.lr = parse_double(a, next()); o.lr_given = true; }
+    else if (a == "--schedule") o.schedule = next();
+    else if (a == "--momentum") o.momentum = parse_double(a, next());
+    else if (a == "--weight-decay") o.weight_decay = parse_double(a, next());
+    else if (a == "--epochs") o.epochs = static_cast<int>(parse_int(a, next(), 1));
+    else if (a == "--batch") o.batch = parse_int(a, next(), std::numeric_limits<std::int64_t>::min());
+    else if (a == "--seed") o.seed = static_cast<std::uint64_t>(parse_int(a, next(), 0));
+    else if (a == "--device") o.device = next();
+    else if (a == "--data") o.data = next();
+    else if (a == "--out") o.out = next();
+    else if (a == "--name") o.name = next();
+    else if (a == "--max-steps-per-epoch") o.max_steps = parse_int(a, next(), 1);
+    else if (a == "--eval-batch") o.eval_batch = parse_int(a, next(), 1);
+    else throw UsageError("unknown option '" + args[i] + "'");
+  }
+  if (help) return o;
+  if (o.model != "logreg" && o.model != "mlp")
+    throw UsageError("--model: unknown model '" + o.model + "' (expected logreg or mlp)");
+  if (o.optimizer != "sgd" && o.optimizer != "adam")
+    throw UsageError("--optimizer: unknown optimizer '" + o.optimizer + "' (expected sgd or adam)");
+  if (o.schedule != "constant" && o.schedule != "cosine")
+    throw UsageError("--schedule: unknown schedule '" + o.schedule + "' (expected constant or cosine)");
+  if (!o.lr_given) o.lr = o.optimizer == "sgd" ? 0.1 : 1e-3;
+  if (!std::isfinite(o.lr) || o.lr <= 0)
+    throw UsageError("--lr: learning rate " + std::to_string(o.lr) + " is invalid (it must be a finite number > 0)");
+  if (!(o.momentum >= 0 && o.momentum < 1))
+    throw UsageError("--momentum: " + std::to_string(o.momentum) + " is outside [0, 1)");
+  if (!(o.weight_decay >= 0 && std::isfinite(o.weight_decay)))
+    throw UsageError("--weight-decay: must be a finite number >= 0");
+  if (o.batch < 1) throw UsageError("--batch: " + std::to_string(o.batch) + " must be at least 1");
+  return o;
+}
+
+Device parse_device(const std::string& s) {
+  if (s == "cpu") return Device::cpu();
+  if (s == "cuda") return Device::cuda(0);
+  if (s.rfind("cuda:", 0) == 0) return Device::cuda(static_cast<int>(parse_int("--device", s.substr(5), 0)));
+  throw UsageError("--device: unknown device '" + s + "' (expected cpu, cuda or cuda:K)");
+}
+
+/// A one-line progress bar, redrawn in place on stderr.
+class Progress {
+ public:
+  Progress(bool enabled, int epoch, int epochs, std::int64_t total)
+      : enabled_(enabled), epoch_(epoch), epochs_(epochs), total_(total),
+        every_(std::max<std::int64_t>(1, total / 100)), start_(std::chrono::steady_clock::now()) {}
+  void update(std::int64_t done, double loss) {
+    if (!enabled_ || (done % every_ != 0 && done != total_)) return;
+    constexpr int kWidth = 30;
+    const int filled = static_cast<int>(kWidth * done / std::max<std::int64_t>(1, total_));
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    std::fprintf(stderr, "\repoch %d/%d [%s%s] %lld/%lld loss %.4f %.1fs", epoch_, epochs_,
+                 std::string(static_cast<std::size_t>(filled), '#').c_str(),
+                 std::string(static_cast<std::size_t>(kWidth - filled), '.').c_str(),
+                 static_cast<long long>(done), static_cast<long long>(total_), loss, secs);
+    std::fflush(stderr);
+  }
+  void finish() {
+    if (enabled_) std::fprintf(stderr, "\n");
+  }
+
+ private:
+  bool enabled_;
+  int epoch_, epochs_;
+  std::int64_t total_, every_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+struct EpochMetrics {
+  int epoch = 0;
+  std::int64_t steps = 0;
+  double train_loss = 0, test_loss = 0, test_accuracy = 0;
+  double train_seconds = 0, eval_seconds = 0;
+  double train_cpu_seconds = 0;  ///< process CPU time of the training part (all threads)
+  std::int64_t malloc_calls = 0, bytes_in_use = 0, bytes_held = 0;
+};
+
+Tensor index_tensor(const std::vector<std::int64_t>& rows, std::size_t begin, std::size_t end,
+                    Device device) {
+  std::vector<float> idx(rows.begin() + static_cast<std::ptrdiff_t>(begin),
+                         rows.begin() + static_cast<std::ptrdiff_t>(end));
+  return Tensor::from_vector<float>(Shape{static_cast<std::int64_t>(idx.size())}, idx, device);
+}
+
+/// Test loss and accuracy: forward passes of eval_batch rows without a tape; softmax cross-entropy
+/// and argmax of the logits on the host in double.
+void evaluate(const mnist::Model& model, const dualcast::Dataset& test, std::int64_t eval_batch,
+              double& loss, double& accuracy) {
+  dualcast::NoGradGuard no_grad;
+  const std::int64_t n = test.size();
+  std::vector<std::int64_t> all(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) all[static_cast<std::size_t>(i)] = i;
+  const std::vector<float> labels = test.labels.to_vector<float>();
+  double total_loss = 0;
+  std::int64_t correct = 0;
+  for (std::int64_t start = 0; start < n; start += eval_batch) {
+    const std::int64_t stop = std::min(n, start + eval_batch);
+    const Tensor idx = index_tensor(all, static_cast<std::size_t>(start), static_cast<std::size_t>(stop),
+                                    test.images.device());
+    const Tensor x = mnist::gather_rows(test.images, idx);
+    const std::vector<float> logits = model.forward(Var(x)).value().to_vector<float>();
+    const std::int64_t classes = static_cast<std::int64_t>(logits.size()) / (stop - start);
+    for (std::int64_t r = 0; r < stop - start; ++r) {
+      const float* z = logits.data() + r * classes;
+      std::int64_t best = 0;
+      double mx = z[0];
+      for (std::int64_t c = 1; c < classes; ++c)
+        if (z[c] > mx) mx = z[c], best = c;
+      double se = 0;
+      for (std::int64_t c = 0; c < classes; ++c) se += std::exp(static_cast<double>(z[c]) - mx);
+      const auto label = static_cast<std::int64_t>(labels[static_cast<std::size_t>(start + r)]);
+      total_loss += mx + std::log(se) - static_cast<double>(z[label]);
+      if (best == label) ++correct;
+    }
+  }
+  loss = total_loss / static_cast<double>(n);
+  accuracy = static_cast<double>(correct) / static_cast<double>(n);
+}
+
+std::string json_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      o += buf;
+      continue;
+    }
+    o += c;
+  }
+  return o;
+}
+
+void write_outputs(const Options& o, const std::string& device_str, const std::string& device_name,
+                   const mnist::Model& model, std::int64_t train_n, std::int64_t test_n,
+                   double load_seconds, const std::vector<EpochMetrics>& epochs) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(o.out, ec);
+  DUALCAST_CHECK(!ec && fs::is_directory(o.out), "--out: cannot create directory '", o.out,
+                 "': ", ec.message());
+  std::string stem = o.name;
+  if (stem.empty()) {
+    std::string dev = device_str;
+    std::replace(dev.begin(), dev.end(), ':', '-');
+    stem = o.model + "_" + o.optimizer + (o.schedule == "constant" ? "" : "_" + o.schedule) + "_" + dev;
+  }
+  const std::string csv_path = (fs::path(o.out) / (stem + ".csv")).string();
+  const std::string json_path = (fs::path(o.out) / (stem + ".json")).string();
+
+  std::ofstream csv(csv_path);
+  DUALCAST_CHECK(csv.good(), "--out: cannot write '", csv_path, "'");
+  csv << "epoch,steps,train_loss,test_loss,test_accuracy,epoch_seconds,epoch_cpu_seconds,"
+         "eval_seconds,device_malloc_calls,bytes_in_use,bytes_held\n";
+  csv.precision(8);
+  for (const auto& e : epochs)
+    csv << e.epoch << ',' << e.steps << ',' << e.train_loss << ',' << e.test_loss << ','
+        << e.test_accuracy << ',' << e.train_seconds << ',' << e.train_cpu_seconds << ','
+        << e.eval_seconds << ','
+        << e.malloc_calls << ',' << e.bytes_in_use << ',' << e.bytes_held << '\n';
+  DUALCAST_CHECK(csv.good(), "--out: writing '", csv_path, "' failed");
+
+  std::ofstream js(json_path);
+  DUALCAST_CHECK(js.good(), "--out: cannot write '", json_path, "'");
+  js.precision(10);
+  double total = 0;
+  for (const auto& e : epochs) total += e.train_seconds;
+  js << "{\n"
+     << "  \"model\": \"" << o.model << "\",\n"
+     << "  \"optimizer\": \"" << o.optimizer << "\",\n"
+     << "  \"lr\": " << o.lr << ",\n"
+     << "  \"schedule\": \"" << o.schedule << "\",\n"
+     << "  \"momentum\": " << o.momentum << ",\n"
+     << "  \"weight_decay\": " << o.weight_decay << ",\n"
+     << "  \"batch\": " << o.batch << ",\n"
+     << "  \"epochs\": " << epochs.size() << ",\n"
+     << "  \"seed\": " << o.seed << ",\n"
+     << "  \"max_steps_per_epoch\": " << o.max_steps << ",\n"
+     << "  \"device\": \"" << json_escape(device_str) << "\",\n"
+     << "  \"device_name\": \"" << json_escape(device_name) << "\",\n"
+     << "  \"data\": \"" << json_escape(o.data) << "\",\n"
+     << "  \"train_size\": " << train_n << ",\n"
+     << "  \"test_size\": " << test_n << ",\n"
+     << "  \"num_params\": " << model.num_params() << ",\n"
+     << "  \"load_seconds\": " << load_seconds << ",\n"
+     << "  \"total_train_seconds\": " << total << ",\n"
+     << "  \"final_test_accuracy\": " << (epochs.empty() ? 0.0 : epochs.back().test_accuracy) << ",\n"
+     << "  \"per_epoch\": [\n";
+  for (std::size_t i = 0; i < epochs.size(); ++i) {
+    const auto& e = epochs[i];
+    js << "    {\"epoch\": " << e.epoch << ", \"steps\": " << e.steps << ", \"train_loss\": "
+       << e.train_loss << ", \"test_loss\": " << e.test_loss << ", \"test_accuracy\": "
+       << e.test_accuracy << ", \"epoch_seconds\": " << e.train_seconds
+       << ", \"epoch_cpu_seconds\": " << e.train_cpu_seconds << ", \"eval_seconds\": "
+       << e.eval_seconds << ", \"device_malloc_calls\": " << e.malloc_calls
+       << ", \"bytes_in_use\": " << e.bytes_in_use << ", \"bytes_held\": " << e.bytes_held << "}"
+       << (i + 1 < epochs.size() ? "," : "") << "\n";
+  }
+  js << "  ]\n}\n";
+  DUALCAST_CHECK(js.good(), "--out: writing '", json_path, "' failed");
+  std::printf("wrote %s and %s\n", csv_path.c_str(), json_path.c_str());
+}
+
+int run(const Options& o) {
+  const Device device = parse_device(o.device);
+
+  const auto t_load = std::chrono::steady_clock::now();
+  dualcast::Dataset train = dualcast::load_fashion_mnist(o.data, true);
+  dualcast::Dataset test = dualcast::load_fashion_mnist(o.data, false);
+  const std::int64_t n = train.size();
+  if (o.batch > n)
+    throw UsageError("--batch: " + std::to_string(o.batch) + " is larger than the training set (" +
+                     std::to_string(n) + " examples in " + o.data + ")");
+  train = train.to(device);
+  test = test.to(device);
+  dualcast::synchronize(device);
+  const double load_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
+
+  const mnist::Model model =
+      mnist::Model::create(mnist::model_widths(o.model, train.images.shape()[1], train.num_classes),
+                           device, o.seed);
+  std::unique_ptr<dualcast::Optimizer> opt;
+  if (o.optimizer == "sgd")
+    opt = std::make_unique<dualcast::SGD>(model.params(), o.lr, o.momentum, o.weight_decay);
+  else
+    opt = std::make_unique<dualcast::Adam>(model.params(), o.lr, 0.9, 0.999, 1e-8, o.weight_decay);
+
+  std::printf("mnist_train: %s (%lld parameters), %s lr %g (%s), batch %lld, %d epochs, seed %llu\n",
+              o.model.c_str(), static_cast<long long>(model.num_params()), o.optimizer.c_str(), o.lr,
+              o.schedule.c_str(),
+              static_cast<long long>(o.batch), o.epochs, static_cast<unsigned long long>(o.seed));
+  std::printf("device %s (%s); data %s: %lld train, %lld test, loaded in %.2f s\n",
+              device.str().c_str(), dualcast::device_name(device).c_str(), o.data.c_str(),
+              static_cast<long long>(n), static_cast<long long>(test.size()), load_seconds);
+  std::fflush(stdout);
+
+  const std::int64_t steps_full = (n + o.batch - 1) / o.batch;
+  const std::int64_t steps = o.max_steps > 0 ? std::min(steps_full, o.max_steps) : steps_full;
+  std::vector<EpochMetrics> history;
+  for (int epoch = 1; epoch <= o.epochs; ++epoch) {
+    const auto perm = mnist::epoch_permutation(n, o.seed, epoch);
+    Progress bar(!o.quiet, epoch, o.epochs, steps);
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::clock_t c0 = std::clock();
+    double loss_sum = 0;
+    for (std::int64_t s = 0; s < steps; ++s) {
+      const auto begin = static_cast<std::size_t>(s * o.batch);
+      const auto end = static_cast<std::size_t>(std::min(n, (s + 1) * o.batch));
+      const Tensor idx = index_tensor(perm, begin, end, device);
+      const Tensor x = mnist::gather_rows(train.images, idx);
+      const Tensor y = mnist::gather_rows(train.labels, idx);
+      if (o.schedule == "cosine") {
+        // t / T in [0, 1): the rate stays positive and reaches about lr * pi^2 / (4 T^2) at the end.
+        const double t = static_cast<double>((epoch - 1) * steps + s) /
+                         static_cast<double>(static_cast<std::int64_t>(o.epochs) * steps);
+        opt->set_lr(o.lr * 0.5 * (1.0 + std::cos(3.14159265358979323846 * t)));
+      }
+      opt->zero_grad();
+      Var loss = dualcast::cross_entropy(model.forward(Var(x)), y);
+      loss.backward();
+      opt->step();
+      const double l = loss.item();
+      if (!std::isfinite(l)) {
+        bar.finish();
+        DUALCAST_FAIL("training diverged: loss ", l, " at epoch ", epoch, " step ", s + 1,
+                      " (try a smaller --lr)");
+      }
+      loss_sum += l;
+      bar.update(s + 1, loss_sum / static_cast<double>(s + 1));
+    }
+    dualcast::synchronize(device);
+    const auto t1 = std::chrono::steady_clock::now();
+    const std::clock_t c1 = std::clock();
+    bar.finish();
+    EpochMetrics m;
+    m.epoch = epoch;
+    m.steps = steps;
+    m.train_loss = loss_sum / static_cast<double>(steps);
+    m.train_seconds = std::chrono::duration<double>(t1 - t0).count();
+    m.train_cpu_seconds = static_cast<double>(c1 - c0) / CLOCKS_PER_SEC;
+    evaluate(model, test, o.eval_batch, m.test_loss, m.test_accuracy);
+    m.eval_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+    const auto stats = dualcast::memory_stats(device);
+    m.malloc_calls = stats.device_malloc_calls;
+    m.bytes_in_use = stats.bytes_in_use;
+    m.bytes_held = stats.bytes_held;
+    history.push_back(m);
+    std::printf("epoch %d: train_loss %.4f test_loss %.4f test_acc %.4f (%.2f s train [%.2f s CPU], "
+                "%.2f s eval, %lld allocations so far)\n",
+                epoch, m.train_loss, m.test_loss, m.test_accuracy, m.train_seconds,
+                m.train_cpu_seconds, m.eval_seconds, static_cast<long long>(m.malloc_calls));
+    std::fflush(stdout);
+  }
+  if (!o.out.empty())
+    write_outputs(o, device.str(), dualcast::device_name(device), model, n, test.size(),
+                  load_seconds, history);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool help = false;
+  Options o;
+  try {
+    o = parse(argc, argv, help);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "mnist_train: %s\n(run mnist_train --help for the options)\n", e.what());
+    return 2;
+  }
+  if (help) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  try {
+    return run(o);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "mnist_train: %s\n", e.what());
+    return 2;
+  } catch (const dualcast::Error& e) {
+    std::fprintf(stderr, "mnist_train: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mnist_train: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,404 @@
+// broadcast.hpp: broadcast(f, args...), the mixed-mode front end. f is evaluated elementwise on dual
+// numbers, one partial per Var argument, in ONE fused kernel; the call records ONE tape node whose
+// backward turns the per-element partials into gradients (summed over broadcast dimensions).
+//
+// f may be written three ways (nvcc rejects generic __host__ __device__ lambdas):
+//  * a namespace-scope functor with `DUALCAST_HD auto operator()(auto...) const` (CPU and GPU;
+//    also runs on plain numbers, and in select-form on Vars);
+//  * a DUALCAST_HD lambda with explicit types: Dual<T, K> for every Var argument, T for every Tensor
+//    or number argument (K = number of Var arguments; CPU and GPU);
+//  * a generic __device__ lambda (GPU only; a single output).
+// f may use if/else, early returns, loops and locals: only values steer control flow.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "dualcast/dual.hpp"
+#include "dualcast/error.hpp"
+#include "dualcast/indexing.hpp"
+#include "dualcast/math.hpp"
+#include "dualcast/ops/reduce.hpp"
+#include "dualcast/parallel.hpp"
+#include "dualcast/tape.hpp"
+#include "dualcast/kernels/broadcast.cuh"
+
+namespace dualcast {
+
+/// Where the backward pass gets f's partials from.
+enum class Partials {
+  automatic,  ///< the measured default (recompute; see experiments/broadcast/NOTES.md)
+  store,      ///< forward writes K partials per output element; backward reads them (Revels 2018)
+  recompute,  ///< nothing extra stored; backward re-evaluates f on duals from the saved inputs
+};
+
+inline const char* partials_name(Partials p) {
+  switch (p) {
+    case Partials::store: return "store";
+    case Partials::recompute: return "recompute";
+    default: return "automatic";
+  }
+}
+
+namespace detail {
+
+// ---- compile-time description of the argument list -----------------------------------------------
+enum ArgKind : int { kVarArg = 0, kTensorArg = 1, kNumberArg = 2, kBadArg = -1 };
+
+template <class A>
+inline constexpr int arg_kind_v = std::is_same_v<std::remove_cvref_t<A>, Var>      ? kVarArg
+                                  : std::is_same_v<std::remove_cvref_t<A>, Tensor> ? kTensorArg
+                                  : std::is_arithmetic_v<std::remove_cvref_t<A>>   ? kNumberArg
+                                                                                   : kBadArg;
+
+template <class... Args>
+struct ArgList {
+  static constexpr int count = static_cast<int>(sizeof...(Args));
+  static constexpr std::array<int, sizeof...(Args)> kinds{arg_kind_v<Args>...};
+  static constexpr int vars = ((arg_kind_v<Args> == kVarArg ? 1 : 0) + ... + 0);
+  static constexpr std::array<int, sizeof...(Args)> slots = [] {
+    std::array<int, sizeof...(Args)> s{};
+    int k = 0;
+    for (std::size_t a = 0; a < s.size(); ++a) s[a] = kinds[a] == kVarArg ? k++ : -1;
+    return s;
+  }();
+  template <std::size_t... I>
+  static auto slot_seq(std::index_sequence<I...>) -> std::integer_sequence<int, slots[I]...>;
+  using Slots = decltype(slot_seq(std::make_index_sequence<sizeof...(Args)>{}));
+};
+
+/// The type argument a is passed to f as: Dual<T, K> for a Var (when differentiating), else T.
+template <class T, int K, bool DUAL, class A>
+using arg_type_t = std::conditional_t<DUAL && arg_kind_v<A> == kVarArg && (K > 0), Dual<T, (K > 0 ? K : 1)>, T>;
+
+template <class F, class T, int K, bool DUAL, class... Args>
+inline constexpr bool callable_v = std::is_invocable_v<const F&, arg_type_t<T, K, DUAL, Args>...>;
+
+template <class F, class T, int K, bool DUAL, class... Args>
+struct ResultOf {
+  using type = std::invoke_result_t<const F&, arg_type_t<T, K, DUAL, Args>...>;
+};
+
+/// f's result type, asked lazily: the host cannot see a __device__ lambda's result type, and such a
+/// lambda is taken to return a single value.
+template <bool kDeviceLambda, class F, class T, int K, class... Args>
+struct ResultFor {
+  using type = T;
+};
+template <class F, class T, int K, class... Args>
+struct ResultFor<false, F, T, K, Args...> {
+  using type = typename ResultOf<F, T, K, (K > 0), Args...>::type;
+};
+
+// ---- runtime description of one call ---------------------------------------------------------------
+struct ArgInfo {
+  Tensor tensor;          ///< undefined for a number
+  double number = 0.0;    ///< the number, for a number argument
+  int kind = kNumberArg;
+};
+
+template <class A>
+ArgInfo describe_arg(const A& a) {
+  ArgInfo info;
+  info.kind = arg_kind_v<A>;
+  if constexpr (arg_kind_v<A> == kVarArg) info.tensor = a.value();
+  else if constexpr (arg_kind_v<A> == kTensorArg) info.tensor = a;
+  else info.number = static_cast<double>(a);
+  return info;
+}
+
+/// Shape checks, dtype and device of a broadcast call; converts uint8 masks to the element type.
+struct CallPlan {
+  Shape out_shape;
+  DType dtype = DType::float32;
+  Device device{};
+  std::vector<ArgInfo> args;
+};
+CallPlan plan_broadcast(std::vector<ArgInfo> args);
+
+template <class T, int NA>
+BroadcastOperands<T, NA> make_operands(const CallPlan& plan) {
+  BroadcastOperands<T, NA> ops;
+  std::vector<Shape> shapes;
+  for (const auto& a : plan.args) shapes.push_back(a.tensor.defined() ? a.tensor.shape() : Shape{});
+  ops.ix = make_indexer<NA>(plan.out_shape, shapes);
+  ops.n = plan.out_shape.numel();
+  ops.vec = true;
+  for (int a = 0; a < NA; ++a) {
+    const auto& info = plan.args[static_cast<std::size_t>(a)];
+    ops.in[a] = info.tensor.defined() ? info.tensor.template data<T>() : nullptr;
+    ops.scal[a] = static_cast<T>(info.number);
+    if (!ops.in[a]) ops.ix.access[a] = Access::scalar;
+    if (ops.in[a] && ops.ix.access[a] == Access::contiguous &&
+        reinterpret_cast<std::uintptr_t>(ops.in[a]) % 16 != 0)
+      ops.vec = false;
+  }
+  return ops;
+}
+
+template <class Body>
+void launch_chunks(Device device, std::int64_t n, const Body& body) {
+  const std::int64_t chunks = (n + Body::V - 1) / Body::V;
+  parallel_for(device, chunks, body, /*cpu_grain=*/kCpuGrain / Body::V);
+}
+
+/// Where the gradient of one differentiated argument goes in a backward launch.
+struct GradTarget {
+  std::shared_ptr<VarState> state;
+  Tensor buffer;      ///< written by the kernel (full output size)
+  bool direct = false;  ///< buffer becomes the variable's gradient (same shape as the output)
+};
+
+// ---- the tape node ------------------------------------------------------------------------------
+/// kStorable=false compiles only the recompute kernels (the op library's one-primitive nodes, which
+/// never store partials), halving what nvcc instantiates for them.
+template <class F, class T, int K, int M, class Slots, bool kStorable>
+class BroadcastNode final : public Node {
+ public:
+  static constexpr int NA = static_cast<int>(Slots::size());
+  BroadcastNode(const F& f, CallPlan plan, Partials policy, std::vector<Tensor> partials)
+      : f_(f), plan_(std::move(plan)), policy_(policy), partials_(std::move(partials)) {}
+
+  [[nodiscard]] const char* name() const override { return "broadcast"; }
+
+  void release_saved() override {
+    plan_.args.clear();
+    partials_.clear();
+  }
+
+  void backward(const std::vector<Tensor>& grad_outputs) override {
+    const Device dev = plan_.device;
+    const Shape& out_shape = plan_.out_shape;
+    // Argument shapes by slot (the Var arguments, in order).
+    std::vector<Shape> var_shapes;
+    for (const auto& a : plan_.args)
+      if (a.kind == kVarArg) var_shapes.push_back(a.tensor.shape());
+
+    std::array<GradTarget, K> targets;
+    std::vector<const VarState*> direct_seen;
+    for (int k = 0; k < K; ++k) {
+      const auto& in = inputs[static_cast<std::size_t>(k)];
+      if (!in) continue;
+      GradTarget& t = targets[static_cast<std::size_t>(k)];
+      t.state = in;
+      bool dup = false;
+      for (const VarState* s : direct_seen) dup = dup || s == in.get();
+      // A gradient of the output's shape is written in place (or fresh) by the kernel; a broadcast
+      // argument, or one appearing twice, gets a full-size buffer reduced or added afterwards.
+      t.direct = !dup && var_shapes[static_cast<std::size_t>(k)] == out_shape;
+      if (t.direct) {
+        direct_seen.push_back(in.get());
+        if (in->grad.defined() && in->grad_owned) t.buffer = in->grad;
+      }
+      if (!t.buffer.defined()) t.buffer = Tensor::empty(out_shape, plan_.dtype, dev);
+    }
+
+    // Bodies are built around f (extended lambdas are copyable but neither default-constructible
+    // nor assignable).
+    BackwardBody<T, K, M, false, F, Slots> rb{f_};
+    BackwardBody<T, K, M, true, F, Slots> sb{f_};
+    auto fill = [&](auto& body) {
+      body.ops = make_operands<T, NA>(plan_);
+      for (int m = 0; m < M; ++m) {
+        const Tensor& g = grad_outputs[static_cast<std::size_t>(m)];
+        body.adj[m] = g.defined() ? g.template data<T>() : nullptr;
+      }
+      for (int k = 0; k < K; ++k) {
+        GradTarget& t = targets[static_cast<std::size_t>(k)];
+        body.gout[k] = t.state ? t.buffer.template data<T>() : nullptr;
+        body.gold[k] = (t.state && t.direct && t.state->grad.defined())
+                           ? t.state->grad.template data<T>()
+                           : nullptr;
+      }
+      if constexpr (std::remove_cvref_t<decltype(body)>::V > 1) {
+        for (int m = 0; m < M; ++m)
+          if (body.adj[m] && reinterpret_cast<std::uintptr_t>(body.adj[m]) % 16 != 0) body.ops.vec = false;
+      }
+    };
+    if constexpr (kStorable) {
+      if (policy_ == Partials::store) {
+        fill(sb);
+        for (int m = 0; m < M; ++m)
+          for (int k = 0; k < K; ++k) {
+            const Tensor& p = partials_[static_cast<std::size_t>(m * K + k)];
+            sb.part[m][k] = p.defined() ? p.template data<T>() : nullptr;
+          }
+        launch_chunks(dev, out_shape.numel(), sb);
+      }
+    }
+    if (policy_ != Partials::store) {
+      fill(rb);
+      launch_chunks(dev, out_shape.numel(), rb);
+    }
+
+    for (int k = 0; k < K; ++k) {
+      GradTarget& t = targets[static_cast<std::size_t>(k)];
+      if (!t.state) continue;
+      if (t.direct) {
+        t.state->grad = t.buffer;
+        t.state->grad_owned = true;
+      } else {
+        accumulate_grad(*t.state, sum_to(t.buffer, var_shapes[static_cast<std::size_t>(k)]),
+                        /*owned=*/true);
+      }
+    }
+  }
+
+ private:
+  F f_;
+  CallPlan plan_;
+  Partials policy_;
+  std::vector<Tensor> partials_;  ///< [m * K + k], store policy only
+};
+
+template <class R>
+using output_array_t = std::array<Var, OutputTraits<R>::count>;
+
+/// Runs the forward pass for element type T and records the node.
+template <class T, bool kStorable, class F, class... Args>
+auto broadcast_typed(Partials policy, const F& f, CallPlan plan, const std::vector<Var>& vars) {
+  using List = ArgList<Args...>;
+  constexpr int K = List::vars;
+  constexpr int NA = List::count;
+  using Slots = typename List::Slots;
+  constexpr bool device_lambda = is_device_only_lambda<F>;
+  constexpr bool plain_ok = !device_lambda && callable_v<F, T, K, false, Args...>;
+  using R = typename ResultFor<device_lambda, F, T, K, Args...>::type;
+  constexpr int M = OutputTraits<R>::count;
+
+  const std::int64_t n = plan.out_shape.numel();
+  std::vector<Tensor> outs;
+  for (int m = 0; m < M; ++m) outs.push_back(Tensor::empty(plan.out_shape, plan.dtype, plan.device));
+  const bool differentiate = K > 0 && any_requires_grad(vars) && n > 0;
+  if (policy == Partials::automatic || !kStorable) policy = Partials::recompute;
+
+  std::vector<Tensor> partials;
+  auto set_outputs = [&](auto& body) {
+    body.ops = make_operands<T, NA>(plan);
+    for (int m = 0; m < M; ++m) body.out[m] = outs[static_cast<std::size_t>(m)].template data<T>();
+  };
+  const bool store = kStorable && differentiate && policy == Partials::store;
+  if (n > 0 && store) {
+    if constexpr (kStorable) {
+      ForwardBody<T, K, M, true, true, F, Slots> body{f};
+      set_outputs(body);
+      partials.resize(static_cast<std::size_t>(M * K));
+      for (int k = 0; k < K; ++k) {
+        if (!vars[static_cast<std::size_t>(k)].requires_grad()) continue;
+        for (int m = 0; m < M; ++m) {
+          Tensor p = Tensor::empty(plan.out_shape, plan.dtype, plan.device);
+          body.part[m][k] = p.template data<T>();
+          partials[static_cast<std::size_t>(m * K + k)] = std::move(p);
+        }
+      }
+      launch_chunks(plan.device, n, body);
+    }
+  } else if (n > 0) {
+    // Without stored partials the forward needs values only: plain numbers where f accepts them
+    // (duals otherwise, whose unused partials the compiler drops).
+    if constexpr (plain_ok) {
+      ForwardBody<T, K, M, false, false, F, Slots> body{f};
+      set_outputs(body);
+      launch_chunks(plan.device, n, body);
+    } else {
+      ForwardBody<T, K, M, true, false, F, Slots> body{f};
+      set_outputs(body);
+      launch_chunks(plan.device, n, body);
+    }
+  }
+
+  std::shared_ptr<Node> node;
+  if (differentiate) {
+    if constexpr (K > 0)
+      node = std::make_shared<BroadcastNode<F, T, K, M, Slots, kStorable>>(f, std::move(plan), policy,
+                                                                std::move(partials));
+  }
+  std::vector<Var> results = record(std::move(node), vars, std::move(outs));
+  if constexpr (M == 1) {
+    return results[0];
+  } else {
+    output_array_t<R> arr;
+    for (int m = 0; m < M; ++m) arr[static_cast<std::size_t>(m)] = results[static_cast<std::size_t>(m)];
+    return arr;
+  }
+}
+
+template <class A>
+void collect_var(std::vector<Var>& vars, const A& a) {
+  if constexpr (arg_kind_v<A> == kVarArg) vars.push_back(a);
+}
+
+template <bool kStorable, class F, class... Args>
+auto broadcast_impl(Partials policy, const F& f, const Args&... args) {
+  static_assert(((arg_kind_v<Args> != kBadArg) && ...),
+                "broadcast: every argument must be a dualcast::Var (differentiated), a "
+                "dualcast::Tensor (constant) or a plain number");
+  using List = ArgList<Args...>;
+  constexpr int K = List::vars;
+  constexpr bool device_lambda = is_device_only_lambda<F>;
+  if constexpr (!device_lambda) {
+    constexpr bool float_ok = callable_v<F, float, K, (K > 0), Args...>;
+    constexpr bool double_ok = callable_v<F, double, K, (K > 0), Args...>;
+    static_assert(float_ok || double_ok,
+                  "broadcast: f cannot be called with these arguments. Each Var argument is passed "
+                  "as Dual<T, K> (K = number of Var arguments) and each Tensor or number as T (float "
+                  "or double): write f as a functor with `DUALCAST_HD auto operator()(auto...) "
+                  "const`, or as a DUALCAST_HD lambda with exactly those parameter types, one per "
+                  "argument");
+    if constexpr (float_ok) {
+      using R = typename ResultOf<F, float, K, (K > 0), Args...>::type;
+      static_assert(ValidOutput<R>::value,
+                    "broadcast: f must return a number or a Dual (or a std::tuple/std::pair of "
+                    "them); make every branch return the same numeric type");
+    } else if constexpr (double_ok) {
+      using R = typename ResultOf<F, double, K, (K > 0), Args...>::type;
+      static_assert(ValidOutput<R>::value,
+                    "broadcast: f must return a number or a Dual (or a std::tuple/std::pair of "
+                    "them); make every branch return the same numeric type");
+    }
+  }
+
+  CallPlan plan = plan_broadcast({describe_arg(args)...});
+  if constexpr (device_lambda) {
+    DUALCAST_CHECK(plan.device.is_cuda(),
+                   "broadcast: a __device__ lambda runs only on the GPU, and these arguments are on "
+                   "the CPU; write f as a functor with `DUALCAST_HD auto operator()(auto...) const` "
+                   "or as a DUALCAST_HD lambda with explicit parameter types");
+  }
+  std::vector<Var> vars;
+  (collect_var(vars, args), ...);
+
+  if (plan.dtype == DType::float32) {
+    if constexpr (device_lambda || callable_v<F, float, K, (K > 0), Args...>)
+      return broadcast_typed<float, kStorable, F, Args...>(policy, f, std::move(plan), vars);
+  }
+  if constexpr (device_lambda || callable_v<F, double, K, (K > 0), Args...>) {
+    if (plan.dtype == DType::float64)
+      return broadcast_typed<double, kStorable, F, Args...>(policy, f, std::move(plan), vars);
+  }
+  DUALCAST_FAIL("broadcast: f cannot be called with ", dtype_name(plan.dtype),
+                " arguments (its parameter types fix the other element type)");
+}
+}  // namespace detail
+
+/// Applies f elementwise over the NumPy broadcast of args, differentiating with respect to every
+/// Var argument in one fused forward kernel (and one fused backward kernel). Returns a Var, or a
+/// std::array<Var, M> when f returns a std::tuple/std::pair of M values. `policy` chooses how the
+/// backward obtains the partials.
+template <class F, class... Args>
+auto broadcast(Partials policy, const F& f, const Args&... args) {
+  return detail::broadcast_impl<true>(policy, f, args...);
+}
+
+template <class F, class... Args>
+auto broadcast(const F& f, const Args&... args) {
+  return broadcast(Partials::automatic, f, args...);
+}
+
+}  // namespace dualcast

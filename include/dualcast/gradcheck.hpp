@@ -1,0 +1,133 @@
+// gradcheck.hpp: the one gradient checker. Central finite differences in double precision, with the
+// tolerances every test uses, for scalar functions (dual-number rules) and, below, for tape functions.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+
+namespace dualcast {
+
+/// Step of the central difference (f(x+h) - f(x-h)) / 2h: near the cube root of double's epsilon,
+/// which balances truncation error (h^2) against rounding error (eps/h).
+inline constexpr double kFiniteDifferenceStep = 1e-6;
+/// Worst relative error accepted between an analytic double-precision derivative and the central
+/// difference (relative to max(1, |derivative|)).
+inline constexpr double kGradTolDouble = 1e-6;
+/// Worst relative error accepted between float results and double references.
+inline constexpr double kGradTolFloat = 2e-3;
+/// Worst relative error accepted between two float computations of the same quantity in different
+/// orders (CPU vs GPU, mixed vs reverse mode): a few ulps accumulated over a reduction.
+inline constexpr double kSameResultTolFloat = 1e-4;
+
+/// Central difference of a scalar function at x, in double.
+template <class F>
+double central_difference(const F& f, double x, double h = kFiniteDifferenceStep) {
+  return (f(x + h) - f(x - h)) / (2.0 * h);
+}
+
+/// Relative error of `got` against `want`, scaled by max(1, |want|) so values near zero are
+/// judged absolutely. NaN in either gives infinity, so a NaN never passes a tolerance.
+inline double relative_error(double got, double want) {
+  if (std::isnan(got) || std::isnan(want)) return INFINITY;
+  const double scale = std::fmax(1.0, std::fabs(want));
+  return std::fabs(got - want) / scale;
+}
+
+}  // namespace dualcast
+
+// ---- tape-level checker ---------------------------------------------------------------------------
+#include <functional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "dualcast/random.hpp"
+#include "dualcast/tape.hpp"
+
+namespace dualcast {
+
+/// What check_gradients found: the worst relative error over all checked elements and where.
+struct GradCheckResult {
+  bool ok = true;
+  double worst_error = 0.0;
+  int worst_input = -1;
+  std::int64_t worst_index = -1;
+  double analytic = 0.0;
+  double numeric = 0.0;
+  std::string message;  ///< human-readable summary naming the offending input and index
+};
+
+struct GradCheckOptions {
+  double tolerance = kGradTolDouble;
+  double step = kFiniteDifferenceStep;
+  /// Elements checked per input (evenly spread); inputs at most this large are checked entirely.
+  std::int64_t max_elements_per_input = 96;
+  std::uint64_t seed = 12345;
+};
+
+/// Compares the tape's gradients of `f` with central finite differences in double precision.
+/// `f` takes a std::vector<Var> (one per input, each a Var::param on the inputs' device) and returns a
+/// Var of any shape; a non-scalar output is projected onto a fixed random direction R, so the checked
+/// quantity is sum(f(x) * R) and backward is seeded with R. Inputs are converted to float64.
+template <class F>
+GradCheckResult check_gradients(const F& f, const std::vector<Tensor>& inputs,
+                                const GradCheckOptions& opts = {}) {
+  std::vector<Tensor> x;
+  for (const auto& t : inputs) x.push_back(t.to(DType::float64).clone());
+  std::vector<Var> params;
+  for (const auto& t : x) params.push_back(Var::param(t));
+  const Var out = f(params);
+  const Shape out_shape = out.shape();
+  const Device dev = out.device();
+  std::vector<double> r(static_cast<std::size_t>(out_shape.numel()));
+  for (std::size_t j = 0; j < r.size(); ++j) r[j] = random::normal(opts.seed, j);
+  out.backward(Tensor::from_vector(out_shape, r, dev).to(out.dtype()));
+
+  auto project = [&](const std::vector<Tensor>& xs) {
+    NoGradGuard no_grad;
+    std::vector<Var> vs(xs.begin(), xs.end());
+    const std::vector<double> y = f(vs).value().template to_vector<double>();
+    double s = 0.0;
+    for (std::size_t j = 0; j < y.size(); ++j) s += y[j] * r[j];
+    return s;
+  };
+
+  GradCheckResult res;
+  for (std::size_t k = 0; k < x.size(); ++k) {
+    const std::vector<double> analytic = params[k].has_grad()
+                                             ? params[k].grad().template to_vector<double>()
+                                             : std::vector<double>(x[k].numel(), 0.0);
+    const std::vector<double> base = x[k].template to_vector<double>();
+    const std::int64_t n = x[k].numel();
+    const std::int64_t stride =
+        n <= opts.max_elements_per_input ? 1 : (n + opts.max_elements_per_input - 1) / opts.max_elements_per_input;
+    for (std::int64_t j = 0; j < n; j += stride) {
+      std::vector<Tensor> xs = x;
+      std::vector<double> v = base;
+      v[j] = base[j] + opts.step;
+      xs[k] = Tensor::from_vector(x[k].shape(), v, x[k].device());
+      const double up = project(xs);
+      v[j] = base[j] - opts.step;
+      xs[k] = Tensor::from_vector(x[k].shape(), v, x[k].device());
+      const double down = project(xs);
+      const double numeric = (up - down) / (2.0 * opts.step);
+      const double err = relative_error(analytic[j], numeric);
+      if (err > res.worst_error || res.worst_input < 0) {
+        res.worst_error = err;
+        res.worst_input = static_cast<int>(k);
+        res.worst_index = j;
+        res.analytic = analytic[j];
+        res.numeric = numeric;
+      }
+    }
+  }
+  res.ok = res.worst_error <= opts.tolerance;
+  std::ostringstream os;
+  os << "check_gradients: worst relative error " << res.worst_error << " (tolerance "
+     << opts.tolerance << ") at input " << res.worst_input << " element " << res.worst_index
+     << ": analytic " << res.analytic << " vs finite difference " << res.numeric;
+  res.message = os.str();
+  return res;
+}
+
+}  // namespace dualcast

@@ -1,0 +1,55 @@
+// memory.hpp: Buffer, the move-only owner of tensor storage, and the caching device allocator behind
+// it (a size seen before is served from the cache, never by a second cudaMalloc).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "dualcast/device.hpp"
+
+namespace dualcast {
+
+/// Counters of the caching allocator of one device; cheap to read, for tests and experiments.
+struct MemoryStats {
+  std::int64_t device_malloc_calls = 0;  ///< cudaMalloc calls made so far (host: allocations)
+  std::int64_t device_free_calls = 0;    ///< cudaFree calls (only when the cache is emptied)
+  std::int64_t cache_hits = 0;           ///< allocations served from the cache
+  std::int64_t bytes_held = 0;           ///< bytes obtained from the device and not yet released
+  std::int64_t bytes_in_use = 0;         ///< bytes handed out to live buffers
+  std::int64_t peak_bytes_in_use = 0;
+};
+
+/// Statistics of the allocator serving `device`.
+MemoryStats memory_stats(Device device);
+/// Returns every cached, unused block of `device` to the driver (cudaFree); live buffers stay.
+void empty_cache(Device device);
+
+/// Owns `bytes` of memory on a device: host memory (64-byte aligned) or a block of the caching
+/// device allocator. Move-only: a deep copy is always an explicit Tensor::clone().
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(std::size_t bytes, Device device);
+  ~Buffer();
+  Buffer(Buffer&& other) noexcept;
+  Buffer& operator=(Buffer&& other) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  [[nodiscard]] void* data() const { return data_; }
+  [[nodiscard]] std::size_t bytes() const { return bytes_; }
+  [[nodiscard]] Device device() const { return device_; }
+
+ private:
+  void release() noexcept;
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+  std::size_t block_bytes_ = 0;  // size class actually reserved (device blocks)
+  Device device_{};
+};
+
+/// Copies `bytes` between any two devices (host<->device, device<->device, host<->host). A copy to
+/// the host waits for the device; other copies are stream-ordered.
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes);
+
+}  // namespace dualcast

@@ -1,0 +1,103 @@
+// optim.hpp: first-order optimizers over Var::param leaves: SGD (momentum, weight decay) and Adam.
+//
+// step() updates each parameter in place, in its own storage (every Tensor handle to it, including
+// p.value(), sees the new values), with one fused parallel_for kernel per parameter: the gradient,
+// weight decay, the state update and the parameter update are one pass over the elements, on the CPU
+// or the GPU from the same body. State tensors (momentum buffers, Adam moments) are allocated once,
+// in the constructor, on each parameter's device and dtype; step() allocates nothing. Parameters
+// whose gradient does not exist (no backward reached them since zero_grad()) are skipped and their
+// state is left untouched (Adam keeps a step count per parameter, as PyTorch does).
+//
+// The update rules follow PyTorch's torch.optim (SGD without dampening or Nesterov; Adam with L2
+// weight decay added to the gradient), so results can be compared with it.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "dualcast/tape.hpp"
+#include "dualcast/tensor.hpp"
+
+namespace dualcast::optim {
+
+/// Common part: the parameter list, the learning rate and zero_grad().
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  /// Applies one update to every parameter that has a gradient.
+  virtual void step() = 0;
+  /// Forgets every parameter's gradient (the next backward starts from zero).
+  void zero_grad();
+
+  [[nodiscard]] double lr() const { return lr_; }
+  /// Changes the learning rate (schedules); NaN, infinite or non-positive is a dualcast::Error.
+  void set_lr(double lr);
+  [[nodiscard]] const std::vector<Var>& params() const { return params_; }
+  /// Number of step() calls so far.
+  [[nodiscard]] std::int64_t steps() const { return steps_; }
+
+ protected:
+  /// Checks the parameters (non-empty, defined, each a floating Var that requires a gradient, no
+  /// duplicates) and the learning rate; `who` names the optimizer in messages.
+  Optimizer(std::vector<Var> params, double lr, const char* who);
+  /// The gradient of parameter i when it has one that matches it (undefined tensor otherwise:
+  /// skip it). A gradient of another shape, dtype or device is an Error.
+  [[nodiscard]] Tensor grad_of(std::size_t i) const;
+
+  std::vector<Var> params_;
+  double lr_;
+  std::int64_t steps_ = 0;
+  const char* who_;
+};
+
+/// Stochastic gradient descent: g = grad + weight_decay * p; with momentum, buf = momentum * buf + g
+/// and g = buf; then p -= lr * g.
+class SGD final : public Optimizer {
+ public:
+  SGD(std::vector<Var> params, double lr, double momentum = 0.0, double weight_decay = 0.0);
+  void step() override;
+
+  [[nodiscard]] double momentum() const { return momentum_; }
+  [[nodiscard]] double weight_decay() const { return weight_decay_; }
+  /// The momentum buffer of parameter i (undefined when momentum is 0).
+  [[nodiscard]] const Tensor& momentum_buffer(std::size_t i) const { return buffers_.at(i); }
+
+ private:
+  double momentum_;
+  double weight_decay_;
+  std::vector<Tensor> buffers_;
+};
+
+/// Adam (Kingma and Ba, 2015): g = grad + weight_decay * p; m = b1 m + (1-b1) g;
+/// v = b2 v + (1-b2) g^2; p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps), t counted per
+/// parameter.
+class Adam final : public Optimizer {
+ public:
+  Adam(std::vector<Var> params, double lr = 1e-3, double beta1 = 0.9, double beta2 = 0.999,
+       double eps = 1e-8, double weight_decay = 0.0);
+  void step() override;
+
+  [[nodiscard]] double beta1() const { return beta1_; }
+  [[nodiscard]] double beta2() const { return beta2_; }
+  [[nodiscard]] double eps() const { return eps_; }
+  [[nodiscard]] const Tensor& first_moment(std::size_t i) const { return m_.at(i); }
+  [[nodiscard]] const Tensor& second_moment(std::size_t i) const { return v_.at(i); }
+  /// How many updates parameter i has received.
+  [[nodiscard]] std::int64_t param_steps(std::size_t i) const { return t_.at(i); }
+
+ private:
+  double beta1_, beta2_, eps_, weight_decay_;
+  std::vector<Tensor> m_, v_;
+  std::vector<std::int64_t> t_;
+};
+
+}  // namespace dualcast::optim
+
+namespace dualcast {
+using optim::Adam;
+using optim::Optimizer;
+using optim::SGD;
+}  // namespace dualcast

@@ -1,0 +1,174 @@
+// blas.cpp: the row-major GEMM behind matmul. CBLAS on the CPU, cuBLAS on CUDA devices.
+//
+// cuBLAS is column-major. A row-major [r, c] buffer with pitch ld is, read column-major, the [c, r]
+// transpose with the same pitch. So the row-major product C = op(A) op(B) is computed as the
+// column-major product C^T = op(B)^T op(A)^T: swap the operands (B first), swap m and n, and keep each
+// operand's own transpose flag (the buffer of B read column-major already is B^T).
+#include "blas.hpp"
+
+#include <atomic>
+#include <climits>
+#include <mutex>
+#include <type_traits>
+
+#include <cblas.h>
+
+#include "dualcast/error.hpp"
+
+#if DUALCAST_WITH_CUDA
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#endif
+
+namespace dualcast::detail {
+
+namespace {
+
+std::atomic<int> g_handles_created{0};
+
+void check_int_range(const char* what, std::int64_t v) {
+  DUALCAST_CHECK(v >= 0 && v <= INT_MAX, "matmul: ", what, " = ", v,
+                 " exceeds the 32-bit range the BLAS interface accepts");
+}
+
+template <class T>
+void cpu_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, double alpha,
+              const T* a, std::int64_t lda, std::int64_t sa, const T* b, std::int64_t ldb,
+              std::int64_t sb, double beta, T* c, std::int64_t ldc, std::int64_t sc,
+              std::int64_t batch) {
+  const auto opa = ta ? CblasTrans : CblasNoTrans;
+  const auto opb = tb ? CblasTrans : CblasNoTrans;
+  for (std::int64_t i = 0; i < batch; ++i) {
+    const T* ai = a + i * sa;
+    const T* bi = b + i * sb;
+    T* ci = c + i * sc;
+    if constexpr (std::is_same_v<T, float>) {
+      cblas_sgemm(CblasRowMajor, opa, opb, static_cast<int>(m), static_cast<int>(n),
+                  static_cast<int>(k), static_cast<float>(alpha), ai, static_cast<int>(lda), bi,
+                  static_cast<int>(ldb), static_cast<float>(beta), ci, static_cast<int>(ldc));
+    } else {
+      cblas_dgemm(CblasRowMajor, opa, opb, static_cast<int>(m), static_cast<int>(n),
+                  static_cast<int>(k), alpha, ai, static_cast<int>(lda), bi, static_cast<int>(ldb),
+                  beta, ci, static_cast<int>(ldc));
+    }
+  }
+}
+
+template <class T>
+void cpu_scale(std::int64_t m, std::int64_t n, double beta, T* c, std::int64_t ldc, std::int64_t sc,
+               std::int64_t batch) {
+  for (std::int64_t i = 0; i < batch; ++i)
+    for (std::int64_t r = 0; r < m; ++r) {
+      T* row = c + i * sc + r * ldc;
+      for (std::int64_t j = 0; j < n; ++j) row[j] = beta == 0.0 ? T(0) : static_cast<T>(beta * row[j]);
+    }
+}
+
+#if DUALCAST_WITH_CUDA
+constexpr int kMaxDevices = 64;
+
+/// One handle per device, created on first use under std::call_once (thread-safe; a failed creation
+/// throws and is retried by the next call). Handles live until the process ends: destroying them
+/// from a static destructor would race the CUDA runtime's own teardown.
+cublasHandle_t cublas_handle(Device device) {
+  static std::once_flag once[kMaxDevices];
+  static cublasHandle_t handles[kMaxDevices] = {};
+  DUALCAST_CHECK(device.index >= 0 && device.index < kMaxDevices, "matmul: device index ",
+                 device.index, " out of range");
+  std::call_once(once[device.index], [&] {
+    DeviceGuard guard(device);
+    cublasHandle_t h = nullptr;
+    DUALCAST_CUBLAS_CHECK(cublasCreate(&h));
+    // The legacy default stream, like every other dualcast kernel and copy: the caching allocator
+    // may hand a freed block to the next op as soon as it is released, which is safe only when all
+    // work is ordered on one stream.
+    DUALCAST_CUBLAS_CHECK(cublasSetStream(h, nullptr));
+    // Full fp32: no TF32 tensor-core rounding (CUBLAS_DEFAULT_MATH never down-converts fp32).
+    DUALCAST_CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
+    DUALCAST_CUBLAS_CHECK(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST));
+    handles[device.index] = h;
+    ++g_handles_created;
+  });
+  return handles[device.index];
+}
+
+template <class T>
+void cuda_gemm(Device device, bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
+               double alpha_d, const T* a, std::int64_t lda, std::int64_t sa, const T* b,
+               std::int64_t ldb, std::int64_t sb, double beta_d, T* c, std::int64_t ldc,
+               std::int64_t sc, std::int64_t batch) {
+  cublasHandle_t h = cublas_handle(device);
+  DeviceGuard guard(device);
+  const T alpha = static_cast<T>(alpha_d), beta = static_cast<T>(beta_d);
+  const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const int M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
+  const int LDA = static_cast<int>(lda), LDB = static_cast<int>(ldb), LDC = static_cast<int>(ldc);
+  // Column-major C^T[n, m] = op(B)^T[n, k] * op(A)^T[k, m].
+  if (batch == 1) {
+    if constexpr (std::is_same_v<T, float>)
+      DUALCAST_CUBLAS_CHECK(cublasSgemm(h, opb, opa, N, M, K, &alpha, b, LDB, a, LDA, &beta, c, LDC));
+    else
+      DUALCAST_CUBLAS_CHECK(cublasDgemm(h, opb, opa, N, M, K, &alpha, b, LDB, a, LDA, &beta, c, LDC));
+  } else {
+    const int nb = static_cast<int>(batch);
+    if constexpr (std::is_same_v<T, float>)
+      DUALCAST_CUBLAS_CHECK(cublasSgemmStridedBatched(h, opb, opa, N, M, K, &alpha, b, LDB, sb, a,
+                                                      LDA, sa, &beta, c, LDC, sc, nb));
+    else
+      DUALCAST_CUBLAS_CHECK(cublasDgemmStridedBatched(h, opb, opa, N, M, K, &alpha, b, LDB, sb, a,
+                                                      LDA, sa, &beta, c, LDC, sc, nb));
+  }
+}
+#endif
+
+}  // namespace
+
+int cublas_handles_created() { return g_handles_created.load(); }
+
+void gemm(Device device, DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+          std::int64_t k, double alpha, const void* a, std::int64_t lda, std::int64_t stride_a,
+          const void* b, std::int64_t ldb, std::int64_t stride_b, double beta, void* c,
+          std::int64_t ldc, std::int64_t stride_c, std::int64_t batch) {
+  if (m == 0 || n == 0 || batch == 0) return;
+  DUALCAST_CHECK(m > 0 && n > 0 && k >= 0 && batch > 0, "gemm: negative size m=", m, " n=", n,
+                 " k=", k, " batch=", batch);
+  check_int_range("m", m);
+  check_int_range("n", n);
+  check_int_range("k", k);
+  check_int_range("batch", batch);
+  // BLAS requires every leading dimension to be at least 1, even for empty operands.
+  lda = lda < 1 ? 1 : lda;
+  ldb = ldb < 1 ? 1 : ldb;
+  ldc = ldc < 1 ? 1 : ldc;
+  check_int_range("lda", lda);
+  check_int_range("ldb", ldb);
+  check_int_range("ldc", ldc);
+
+  dispatch_floating(dtype, "matmul", [&](auto tag) {
+    using T = decltype(tag);
+    const T* pa = static_cast<const T*>(a);
+    const T* pb = static_cast<const T*>(b);
+    T* pc = static_cast<T*>(c);
+    if (device.is_cpu()) {
+      if (k == 0) cpu_scale<T>(m, n, beta, pc, ldc, stride_c, batch);
+      else cpu_gemm<T>(trans_a, trans_b, m, n, k, alpha, pa, lda, stride_a, pb, ldb, stride_b, beta,
+                       pc, ldc, stride_c, batch);
+      return;
+    }
+#if DUALCAST_WITH_CUDA
+    if (k == 0 && beta == 0.0 && ldc == n && (batch == 1 || stride_c == m * n)) {
+      DeviceGuard guard(device);
+      DUALCAST_CUDA_CHECK(cudaMemsetAsync(pc, 0, static_cast<std::size_t>(batch * m * n) * sizeof(T),
+                                          nullptr));
+      return;
+    }
+    cuda_gemm<T>(device, trans_a, trans_b, m, n, k, alpha, pa, lda, stride_a, pb, ldb, stride_b,
+                 beta, pc, ldc, stride_c, batch);
+#else
+    DUALCAST_FAIL("matmul on ", device.str(), ": this dualcast was built without CUDA");
+#endif
+  });
+}
+
+}  // namespace dualcast::detail

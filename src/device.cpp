@@ -1,0 +1,113 @@
+// device.cpp: device discovery and selection (CUDA runtime queries, cached), synchronisation.
+#include "dualcast/device.hpp"
+
+#include <array>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "dualcast/error.hpp"
+#include "dualcast/parallel.hpp"
+
+#if DUALCAST_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace dualcast {
+
+int cuda_device_count() {
+#if DUALCAST_WITH_CUDA
+  static const int count = [] {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+      cudaGetLastError();  // "no device" / "no driver" is an answer here, not an error
+      return 0;
+    }
+    return n;
+  }();
+  return count;
+#else
+  return 0;
+#endif
+}
+
+bool cuda_available() { return cuda_device_count() > 0; }
+
+Device Device::cuda(int index) {
+#if !DUALCAST_WITH_CUDA
+  DUALCAST_FAIL("Device::cuda(", index,
+                "): this dualcast was built without its CUDA backend (nvcc was not found at "
+                "configure time); use Device::cpu()");
+#else
+  const int n = cuda_device_count();
+  DUALCAST_CHECK(n > 0, "Device::cuda(", index,
+                 "): no CUDA device is available on this machine; use Device::cpu() or check "
+                 "cuda_available() first");
+  DUALCAST_CHECK(index >= 0 && index < n, "Device::cuda(", index, "): device index out of range; ",
+                 "this machine has ", n, " CUDA device(s), valid indices 0..", n - 1);
+  return Device{DeviceKind::cuda, index};
+#endif
+}
+
+std::string Device::str() const {
+  return is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(index);
+}
+
+void synchronize(Device device) {
+  if (device.is_cpu()) return;
+#if DUALCAST_WITH_CUDA
+  detail::DeviceGuard guard(device);
+  DUALCAST_CUDA_CHECK(cudaDeviceSynchronize());
+#endif
+}
+
+int multiprocessor_count(Device device) {
+  if (device.is_cpu()) return detail::cpu_thread_count();
+#if DUALCAST_WITH_CUDA
+  static std::array<int, 64> cache{};
+  static std::mutex mutex;
+  std::lock_guard lock(mutex);
+  int& sms = cache.at(static_cast<std::size_t>(device.index));
+  if (sms == 0)
+    DUALCAST_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device.index));
+  return sms;
+#else
+  return 1;
+#endif
+}
+
+std::string device_name(Device device) {
+  if (device.is_cpu())
+    return "cpu (" + std::to_string(detail::cpu_thread_count()) + " threads)";
+#if DUALCAST_WITH_CUDA
+  cudaDeviceProp prop{};
+  DUALCAST_CUDA_CHECK(cudaGetDeviceProperties(&prop, device.index));
+  return prop.name;
+#else
+  return device.str();
+#endif
+}
+
+namespace detail {
+DeviceGuard::DeviceGuard(Device device) {
+#if DUALCAST_WITH_CUDA
+  if (!device.is_cuda()) return;
+  int current = 0;
+  DUALCAST_CUDA_CHECK(cudaGetDevice(&current));
+  if (current != device.index) {
+    DUALCAST_CUDA_CHECK(cudaSetDevice(device.index));
+    previous_ = current;
+  }
+#else
+  (void)device;
+#endif
+}
+
+DeviceGuard::~DeviceGuard() {
+#if DUALCAST_WITH_CUDA
+  if (previous_ >= 0) cudaSetDevice(previous_);
+#endif
+}
+}  // namespace detail
+
+}  // namespace dualcast

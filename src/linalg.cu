@@ -1,0 +1,175 @@
+// linalg.cu: matmul on the tape. Every product is one call of the row-major GEMM in blas.hpp
+// (CBLAS on the CPU, cuBLAS on CUDA devices); no kernel of our own is needed.
+//
+// Batched products use the strided-batched GEMM, with stride 0 for a 2-D operand shared by the batch.
+// A [B, m, k] x [k, n] product without trans_a is one plain GEMM of [B*m, k] x [k, n]. The gradient of
+// a shared 2-D operand is a sum over the batch of per-entry products: one GEMM when the batch folds
+// into the contraction (sum_b X_b^T Y_b = X^T Y over the stacked rows), otherwise a batched GEMM into
+// a temporary followed by one GEMM with a row of ones (sum over the leading axis).
+#include "dualcast/ops/linalg.hpp"
+
+#include <memory>
+#include <string>
+
+#include "blas.hpp"
+#include "dualcast/error.hpp"
+
+namespace dualcast {
+
+namespace linalg_detail {
+namespace {
+
+const char* flag(bool b) { return b ? "true" : "false"; }
+
+/// Sizes of op(A) op(B): batch is 0 for a 2-D result.
+struct MatmulDims {
+  std::int64_t batch = 0;
+  bool a_batched = false, b_batched = false;
+  std::int64_t m = 0, n = 0, k = 0;
+};
+
+MatmulDims check_matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  check_same_device_dtype("matmul", "a", a, "b", b);
+  DUALCAST_CHECK(is_floating(a.dtype()), "matmul: unsupported dtype ", dtype_name(a.dtype()),
+                 " of 'a' ", a.shape().str(), " and 'b' ", b.shape().str(),
+                 " (expected float32 or float64)");
+  DUALCAST_CHECK(a.rank() == 2 || a.rank() == 3, "matmul: argument 'a' has shape ", a.shape().str(),
+                 " (rank ", a.rank(), "); expected a 2-D [m, k] or 3-D [batch, m, k] tensor (with 'b' ",
+                 b.shape().str(), ")");
+  DUALCAST_CHECK(b.rank() == 2 || b.rank() == 3, "matmul: argument 'b' has shape ", b.shape().str(),
+                 " (rank ", b.rank(), "); expected a 2-D [k, n] or 3-D [batch, k, n] tensor (with 'a' ",
+                 a.shape().str(), ")");
+  MatmulDims d;
+  d.a_batched = a.rank() == 3;
+  d.b_batched = b.rank() == 3;
+  if (d.a_batched && d.b_batched)
+    DUALCAST_CHECK(a.shape()[0] == b.shape()[0], "matmul: batch sizes differ: 'a' ",
+                   a.shape().str(), " has batch ", a.shape()[0], ", 'b' ", b.shape().str(),
+                   " has batch ", b.shape()[0]);
+  d.batch = d.a_batched ? a.shape()[0] : (d.b_batched ? b.shape()[0] : 0);
+  const int ra = a.rank(), rb = b.rank();
+  const std::int64_t a_rows = a.shape()[ra - 2], a_cols = a.shape()[ra - 1];
+  const std::int64_t b_rows = b.shape()[rb - 2], b_cols = b.shape()[rb - 1];
+  d.m = ta ? a_cols : a_rows;
+  const std::int64_t ka = ta ? a_rows : a_cols;
+  const std::int64_t kb = tb ? b_cols : b_rows;
+  d.n = tb ? b_rows : b_cols;
+  DUALCAST_CHECK(ka == kb, "matmul: inner dimensions differ: 'a' ", a.shape().str(),
+                 " (trans_a=", flag(ta), ") gives k=", ka, " but 'b' ", b.shape().str(),
+                 " (trans_b=", flag(tb), ") gives k=", kb);
+  d.k = ka;
+  return d;
+}
+
+/// C = op(A) op(B) for checked operands (see matmul's shape rules).
+Tensor product(const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  const MatmulDims d = check_matmul(a, b, ta, tb);
+  const bool batched = d.a_batched || d.b_batched;
+  const Shape out_shape = batched ? Shape{d.batch, d.m, d.n} : Shape{d.m, d.n};
+  Tensor c = Tensor::empty(out_shape, a.dtype(), a.device());
+  if (c.numel() == 0) return c;
+  const std::int64_t lda = ta ? d.m : d.k, ldb = tb ? d.k : d.n, ldc = d.n;
+  if (!d.b_batched && (!d.a_batched || !ta)) {
+    // Plain GEMM; a batched A without transpose is the matrix of its stacked rows.
+    const std::int64_t rows = d.a_batched ? d.batch * d.m : d.m;
+    detail::gemm(a.device(), a.dtype(), ta, tb, rows, d.n, d.k, 1.0, a.raw_data(), lda, 0,
+                 b.raw_data(), ldb, 0, 0.0, c.raw_data(), ldc, 0, 1);
+  } else {
+    detail::gemm(a.device(), a.dtype(), ta, tb, d.m, d.n, d.k, 1.0, a.raw_data(), lda,
+                 d.a_batched ? d.m * d.k : 0, b.raw_data(), ldb, d.b_batched ? d.k * d.n : 0, 0.0,
+                 c.raw_data(), ldc, d.m * d.n, d.batch);
+  }
+  return c;
+}
+
+/// sum_b op(X_b) op(Y_b) for 3-D X and Y with equal batch: the gradient of a 2-D operand that was
+/// shared by the batch.
+Tensor product_summed_over_batch(const Tensor& x, const Tensor& y, bool tx, bool ty) {
+  const MatmulDims d = check_matmul(x, y, tx, ty);
+  Tensor out = Tensor::empty(Shape{d.m, d.n}, x.dtype(), x.device());
+  if (out.numel() == 0) return out;
+  if (tx && !ty) {
+    // X_b stored [k, m], Y_b stored [k, n]: the stacked [B*k, m]^T [B*k, n] is the whole sum.
+    detail::gemm(x.device(), x.dtype(), true, false, d.m, d.n, d.batch * d.k, 1.0, x.raw_data(), d.m,
+                 0, y.raw_data(), d.n, 0, 0.0, out.raw_data(), d.n, 0, 1);
+    return out;
+  }
+  const Tensor per_entry = product(x, y, tx, ty);  // [B, m, n]
+  const Tensor ones = Tensor::ones(Shape{1, d.batch}, x.dtype(), x.device());
+  // [1, B] x [B, m*n]: the sum over the leading axis.
+  detail::gemm(x.device(), x.dtype(), false, false, 1, d.m * d.n, d.batch, 1.0, ones.raw_data(),
+               d.batch, 0, per_entry.raw_data(), d.m * d.n, 0, 0.0, out.raw_data(), d.m * d.n, 0, 1);
+  return out;
+}
+
+/// op(X) op(Y), summed over the batch when the result must have `target_rank` 2 but is batched.
+Tensor product_to_rank(const Tensor& x, const Tensor& y, bool tx, bool ty, int target_rank) {
+  const bool batched_result = x.rank() == 3 || y.rank() == 3;
+  if (target_rank == 2 && batched_result) return product_summed_over_batch(x, y, tx, ty);
+  return product(x, y, tx, ty);
+}
+
+class MatmulNode final : public Node {
+ public:
+  MatmulNode(bool ta, bool tb, int rank_a, int rank_b)
+      : ta_(ta), tb_(tb), rank_a_(rank_a), rank_b_(rank_b) {}
+  [[nodiscard]] const char* name() const override { return "matmul"; }
+
+  Tensor a_;  // kept only when b needs a gradient
+  Tensor b_;  // kept only when a needs a gradient
+
+  void backward(const std::vector<Tensor>& grad_outputs) override {
+    const Tensor& g = grad_outputs[0];
+    if (!g.defined()) return;
+    if (inputs[0]) {
+      // dA = dC op(B)^T, stored the way A is (transposed back when trans_a).
+      Tensor ga;
+      if (!ta_ && !tb_) ga = product_to_rank(g, b_, false, true, rank_a_);
+      else if (!ta_ && tb_) ga = product_to_rank(g, b_, false, false, rank_a_);
+      else if (ta_ && !tb_) ga = product_to_rank(b_, g, false, true, rank_a_);
+      else ga = product_to_rank(b_, g, true, true, rank_a_);
+      detail::accumulate_grad(*inputs[0], std::move(ga), /*owned=*/true);
+    }
+    if (inputs[1]) {
+      // dB = op(A)^T dC, stored the way B is.
+      Tensor gb;
+      if (!ta_ && !tb_) gb = product_to_rank(a_, g, true, false, rank_b_);
+      else if (!ta_ && tb_) gb = product_to_rank(g, a_, true, false, rank_b_);
+      else if (ta_ && !tb_) gb = product_to_rank(a_, g, false, false, rank_b_);
+      else gb = product_to_rank(g, a_, true, true, rank_b_);
+      detail::accumulate_grad(*inputs[1], std::move(gb), /*owned=*/true);
+    }
+  }
+  void release_saved() override {
+    a_ = Tensor();
+    b_ = Tensor();
+  }
+
+ private:
+  bool ta_, tb_;
+  int rank_a_, rank_b_;
+};
+
+}  // namespace
+}  // namespace linalg_detail
+
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
+  return linalg_detail::product(a, b, trans_a, trans_b);
+}
+
+Var matmul(const Var& a, const Var& b, bool trans_a, bool trans_b) {
+  DUALCAST_CHECK(a.defined() && b.defined(), "matmul: argument '", a.defined() ? "b" : "a",
+                 "' is an undefined Var");
+  const Tensor& av = a.value();
+  const Tensor& bv = b.value();
+  Tensor c = linalg_detail::product(av, bv, trans_a, trans_b);
+  std::shared_ptr<linalg_detail::MatmulNode> node;
+  if (grad_enabled() && (a.requires_grad() || b.requires_grad())) {
+    node = std::make_shared<linalg_detail::MatmulNode>(trans_a, trans_b, av.rank(), bv.rank());
+    if (b.requires_grad()) node->a_ = av;
+    if (a.requires_grad()) node->b_ = bv;
+  }
+  return detail::record1(std::move(node), {a, b}, std::move(c));
+}
+
+}  // namespace dualcast

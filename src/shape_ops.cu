@@ -1,0 +1,759 @@
+// shape_ops.cu: transpose, permute, reshape, slice, concat, split and broadcast_to, on the tape.
+//
+// Data movement does not care about the element type, only its size, so the copy kernels are
+// instantiated for 1-, 4- and 8-byte words (uint8 masks, float32, float64) rather than per dtype.
+// Each op is one parallel_for pass over its output (a grid-stride kernel on a CUDA device); the
+// kernels sit in named function templates because nvcc rejects extended lambdas inside the generic
+// lambdas of a dtype dispatch.
+//
+// broadcast_to's gradient is dualcast::sum_to (ops/reduce.hpp): the adjoint summed over the
+// broadcast dimensions.
+#include "dualcast/ops/shape.hpp"
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "dualcast/error.hpp"
+#include "dualcast/indexing.hpp"
+#include "dualcast/ops/reduce.hpp"
+#include "dualcast/parallel.hpp"
+
+namespace dualcast {
+
+namespace shape_ops_detail {
+namespace {
+
+// ---- helpers ---------------------------------------------------------------------------------
+
+/// Calls fn(W{}) with W an unsigned word of the dtype's size.
+template <class Fn>
+void dispatch_word(DType t, const char* op, Fn&& fn) {
+  switch (dtype_size(t)) {
+    case 1: fn(std::uint8_t{}); return;
+    case 4: fn(std::uint32_t{}); return;
+    case 8: fn(std::uint64_t{}); return;
+    default: break;
+  }
+  DUALCAST_FAIL(op, ": unsupported dtype ", dtype_name(t));
+}
+
+void check_var(const Var& x, const char* op, const char* arg) {
+  DUALCAST_CHECK(x.defined(), op, ": argument '", arg, "' is an undefined Var");
+}
+
+std::int64_t product(const Shape& s, int begin, int end) {
+  std::int64_t p = 1;
+  for (int i = begin; i < end; ++i) p *= s[i];
+  return p;
+}
+
+// ---- permute -----------------------------------------------------------------------------------
+
+/// Output dimensions (collapsed) and, per output dimension, the input's element stride.
+struct PermutePlan {
+  int rank = 0;
+  std::int64_t dims[kMaxRank] = {};
+  std::int64_t in_strides[kMaxRank] = {};
+};
+
+/// One output element per index: the input offset from the output's coordinates. I is the index
+/// type: 32-bit whenever the tensor has fewer than 2^32 elements (divisions are several times
+/// cheaper), 64-bit otherwise.
+template <class W, class I>
+void permute_kernel(Device d, W* out, const W* in, std::int64_t n, PermutePlan p) {
+  parallel_for(d, n, [=] DUALCAST_HD(std::int64_t i) {
+    I rem = static_cast<I>(i), off = 0;
+    for (int k = p.rank - 1; k >= 0; --k) {
+      const I dim = static_cast<I>(p.dims[k]);
+      const I q = rem / dim;
+      off += (rem - q * dim) * static_cast<I>(p.in_strides[k]);
+      rem = q;
+    }
+    out[i] = in[off];
+  });
+}
+
+#if defined(__CUDACC__)
+// The batched matrix transpose [B, R, C] -> [B, C, R] through shared-memory tiles: both the reads
+// and the writes are coalesced (the element-wise kernel reads with stride R, several times slower).
+inline constexpr int kTile = 32, kTileRows = 8;
+
+template <class W>
+__global__ void __launch_bounds__(kTile * kTileRows)
+    shape_ops_transpose_tiles(W* out, const W* in, std::int64_t rows, std::int64_t cols,
+                              std::int64_t tiles_r, std::int64_t tiles_c, std::int64_t tiles) {
+  __shared__ W tile[kTile][kTile + 1];
+  const std::int64_t per_matrix = tiles_r * tiles_c;
+  for (std::int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const std::int64_t b = t / per_matrix, rem = t - b * per_matrix;
+    const std::int64_t r0 = rem / tiles_c * kTile, c0 = rem % tiles_c * kTile;
+    const W* src = in + b * rows * cols;
+    W* dst = out + b * rows * cols;
+    const std::int64_t c = c0 + threadIdx.x;
+    for (int j = threadIdx.y; j < kTile; j += kTileRows) {
+      const std::int64_t r = r0 + j;
+      if (r < rows && c < cols) tile[j][threadIdx.x] = src[r * cols + c];
+    }
+    __syncthreads();
+    const std::int64_t r = r0 + threadIdx.x;
+    for (int j = threadIdx.y; j < kTile; j += kTileRows) {
+      const std::int64_t c2 = c0 + j;
+      if (c2 < cols && r < rows) dst[c2 * rows + r] = tile[threadIdx.x][j];
+    }
+    __syncthreads();
+  }
+}
+
+template <class W>
+void transpose_tiles(Device d, W* out, const W* in, std::int64_t batch, std::int64_t rows,
+                     std::int64_t cols) {
+  detail::DeviceGuard guard(d);
+  const std::int64_t tiles_r = (rows + kTile - 1) / kTile, tiles_c = (cols + kTile - 1) / kTile;
+  const std::int64_t tiles = batch * tiles_r * tiles_c;
+  const std::int64_t cap = static_cast<std::int64_t>(multiprocessor_count(d)) * 8;
+  const auto grid = static_cast<unsigned>(tiles < cap ? tiles : cap);
+  shape_ops_transpose_tiles<W><<<grid, dim3(kTile, kTileRows)>>>(out, in, rows, cols, tiles_r,
+                                                                 tiles_c, tiles);
+  DUALCAST_CUDA_CHECK_LAUNCH();
+}
+#endif
+
+template <class W>
+void copy_kernel(Device d, W* out, const W* in, std::int64_t n) {
+  parallel_for(d, n, [=] DUALCAST_HD(std::int64_t i) { out[i] = in[i]; });
+}
+
+std::vector<int> normalize_permutation(const char* op, const Shape& s, const std::vector<int>& dims) {
+  auto dims_str = [&] {
+    std::string r = "[";
+    for (std::size_t i = 0; i < dims.size(); ++i) r += (i ? ", " : "") + std::to_string(dims[i]);
+    return r + "]";
+  };
+  DUALCAST_CHECK(static_cast<int>(dims.size()) == s.rank(), op, ": dims ", dims_str(), " has ",
+                 dims.size(), " entries but 'x' of shape ", s.str(), " has rank ", s.rank());
+  std::vector<int> perm(dims.size());
+  std::vector<bool> seen(dims.size(), false);
+  for (std::size_t i = 0; i < dims.size(); ++i) {
+    const int r = s.rank();
+    const int k = dims[i] < 0 ? dims[i] + r : dims[i];
+    DUALCAST_CHECK(k >= 0 && k < r, op, ": dims ", dims_str(), " entry ", dims[i],
+                   " out of range for 'x' of shape ", s.str(), " (rank ", r, ")");
+    DUALCAST_CHECK(!seen[static_cast<std::size_t>(k)], op, ": dims ", dims_str(),
+                   " is not a permutation (dimension ", k, " repeated) for 'x' of shape ", s.str());
+    seen[static_cast<std::size_t>(k)] = true;
+    perm[i] = k;
+  }
+  return perm;
+}
+
+/// x with its dimensions reordered by a checked permutation (a new contiguous tensor).
+Tensor permute_tensor(const Tensor& x, const std::vector<int>& perm) {
+  const Shape& s = x.shape();
+  Shape out_shape = s;
+  for (std::size_t i = 0; i < perm.size(); ++i) out_shape[static_cast<int>(i)] = s[perm[i]];
+  Tensor out = Tensor::empty(out_shape, x.dtype(), x.device());
+  const std::int64_t n = out.numel();
+  if (n == 0) return out;
+  // Collapse: drop size-1 dimensions, merge neighbours whose input strides chain.
+  const Shape in_strides = contiguous_strides(s);
+  PermutePlan p;
+  for (std::size_t i = 0; i < perm.size(); ++i) {
+    const std::int64_t dim = s[perm[i]], stride = in_strides[perm[i]];
+    if (dim == 1) continue;
+    if (p.rank > 0 && p.in_strides[p.rank - 1] == stride * dim) {
+      p.dims[p.rank - 1] *= dim;
+      p.in_strides[p.rank - 1] = stride;
+    } else {
+      p.dims[p.rank] = dim;
+      p.in_strides[p.rank] = stride;
+      ++p.rank;
+    }
+  }
+  const bool plain_copy = p.rank == 0 || (p.rank == 1 && p.in_strides[0] == 1);
+  // A batched matrix transpose: output [B, C, R] reading input [B, R, C] (B = 1 when rank 2).
+  const int r = p.rank;
+  const bool matrix_transpose =
+      r >= 2 && r <= 3 && p.in_strides[r - 2] == 1 && p.in_strides[r - 1] == p.dims[r - 2] &&
+      (r == 2 || p.in_strides[0] == p.dims[1] * p.dims[2]);
+  dispatch_word(x.dtype(), "permute", [&](auto tag) {
+    using W = decltype(tag);
+    const W* in = static_cast<const W*>(x.raw_data());
+    W* o = static_cast<W*>(out.raw_data());
+    if (plain_copy) {
+      copy_kernel<W>(x.device(), o, in, n);
+      return;
+    }
+#if defined(__CUDACC__)
+    if (matrix_transpose && x.device().is_cuda()) {
+      transpose_tiles<W>(x.device(), o, in, r == 3 ? p.dims[0] : 1, p.dims[r - 1], p.dims[r - 2]);
+      return;
+    }
+#endif
+    (void)matrix_transpose;
+    if (n <= std::int64_t{0xffffffff}) permute_kernel<W, std::uint32_t>(x.device(), o, in, n, p);
+    else permute_kernel<W, std::int64_t>(x.device(), o, in, n, p);
+  });
+  return out;
+}
+
+class PermuteNode final : public Node {
+ public:
+  PermuteNode(const char* name, std::vector<int> inverse) : name_(name), inverse_(std::move(inverse)) {}
+  [[nodiscard]] const char* name() const override { return name_; }
+  void backward(const std::vector<Tensor>& grad_outputs) override {
+    if (!grad_outputs[0].defined() || !inputs[0]) return;
+    detail::accumulate_grad(*inputs[0], permute_tensor(grad_outputs[0], inverse_), true);
+  }
+
+ private:
+  const char* name_;
+  std::vector<int> inverse_;
+};
+
+Var permute_var(const char* op, const Var& x, const std::vector<int>& perm) {
+  Tensor out = permute_tensor(x.value(), perm);
+  std::shared_ptr<Node> node;
+  if (detail::any_requires_grad({x})) {
+    std::vector<int> inverse(perm.size());
+    for (std::size_t i = 0; i < perm.size(); ++i) inverse[static_cast<std::size_t>(perm[i])] = static_cast<int>(i);
+    node = std::make_shared<PermuteNode>(op, std::move(inverse));
+  }
+  return detail::record1(std::move(node), {x}, std::move(out));
+}
+
+std::vector<int> transpose_permutation(const Tensor& x) {
+  check_defined(x, "transpose", "x");
+  DUALCAST_CHECK(x.rank() >= 2, "transpose: argument 'x' of shape ", x.shape().str(), " has rank ",
+                 x.rank(), "; transpose swaps the last two dimensions and needs rank >= 2");
+  std::vector<int> perm(static_cast<std::size_t>(x.rank()));
+  for (int i = 0; i < x.rank(); ++i) perm[static_cast<std::size_t>(i)] = i;
+  std::swap(perm[perm.size() - 1], perm[perm.size() - 2]);
+  return perm;
+}
+
+// ---- reshape -----------------------------------------------------------------------------------
+
+Shape resolve_shape(const Tensor& x, const std::vector<std::int64_t>& spec) {
+  check_defined(x, "reshape", "x");
+  auto spec_str = [&] {
+    std::string r = "[";
+    for (std::size_t i = 0; i < spec.size(); ++i) r += (i ? ", " : "") + std::to_string(spec[i]);
+    return r + "]";
+  };
+  DUALCAST_CHECK(static_cast<int>(spec.size()) <= kMaxRank, "reshape: target shape ", spec_str(),
+                 " exceeds the maximum rank ", kMaxRank);
+  int infer = -1;
+  std::int64_t known = 1;
+  for (std::size_t i = 0; i < spec.size(); ++i) {
+    if (spec[i] == -1) {
+      DUALCAST_CHECK(infer < 0, "reshape: target shape ", spec_str(),
+                     " has more than one -1 (only one dimension can be inferred) for 'x' of shape ",
+                     x.shape().str());
+      infer = static_cast<int>(i);
+    } else {
+      DUALCAST_CHECK(spec[i] >= 0, "reshape: target shape ", spec_str(), " has a negative size ",
+                     spec[i], " (only -1 is allowed, to infer one dimension)");
+      known *= spec[i];
+    }
+  }
+  std::vector<std::int64_t> dims = spec;
+  if (infer >= 0) {
+    DUALCAST_CHECK(known != 0 && x.numel() % known == 0, "reshape: cannot infer the -1 in ",
+                   spec_str(), " for 'x' of shape ", x.shape().str(), " (", x.numel(),
+                   " elements)");
+    dims[static_cast<std::size_t>(infer)] = x.numel() / known;
+  } else {
+    DUALCAST_CHECK(known == x.numel(), "reshape: cannot reshape 'x' of shape ", x.shape().str(),
+                   " (", x.numel(), " elements) to ", spec_str(), " (", known, " elements)");
+  }
+  return Shape(dims);
+}
+
+class ReshapeNode final : public Node {
+ public:
+  explicit ReshapeNode(Shape in_shape) : in_shape_(in_shape) {}
+  [[nodiscard]] const char* name() const override { return "reshape"; }
+  void backward(const std::vector<Tensor>& grad_outputs) override {
+    if (!grad_outputs[0].defined() || !inputs[0]) return;
+    // A view of the adjoint: shared storage, so not ours to update in place.
+    detail::accumulate_grad(*inputs[0], grad_outputs[0].view(in_shape_), false);
+  }
+
+ private:
+  Shape in_shape_;
+};
+
+Var reshape_var(const Var& x, const std::vector<std::int64_t>& spec) {
+  check_var(x, "reshape", "x");
+  const Tensor& xv = x.value();
+  Tensor out = xv.view(resolve_shape(xv, spec));
+  std::shared_ptr<Node> node;
+  if (detail::any_requires_grad({x})) node = std::make_shared<ReshapeNode>(xv.shape());
+  return detail::record1(std::move(node), {x}, std::move(out));
+}
+
+// ---- slice -------------------------------------------------------------------------------------
+
+/// x viewed as [outer, size * inner] with the slice taking columns [off, off + seg) of every row.
+struct SliceGeometry {
+  int axis = 0;
+  std::int64_t start = 0, stop = 0;
+  std::int64_t outer = 1, row = 0, seg = 0, off = 0;
+};
+
+SliceGeometry check_slice(const Tensor& x, int axis, std::int64_t start, std::int64_t stop) {
+  check_defined(x, "slice", "x");
+  SliceGeometry g;
+  g.axis = normalize_axis("slice", axis, x.shape());
+  const std::int64_t size = x.shape()[g.axis];
+  g.start = start < 0 ? start + size : start;
+  g.stop = stop < 0 ? stop + size : stop;
+  DUALCAST_CHECK(g.start >= 0 && g.start <= g.stop && g.stop <= size, "slice: bounds [", start, ", ",
+                 stop, ") are invalid for axis ", axis, " of size ", size, " of 'x' with shape ",
+                 x.shape().str(), " (need 0 <= start <= stop <= ", size,
+                 " after counting negative bounds from the end)");
+  const std::int64_t inner = product(x.shape(), g.axis + 1, x.rank());
+  g.outer = product(x.shape(), 0, g.axis);
+  g.row = size * inner;
+  g.seg = (g.stop - g.start) * inner;
+  g.off = g.start * inner;
+  return g;
+}
+
+template <class W>
+void slice_kernel(Device d, W* out, const W* in, std::int64_t outer, std::int64_t row,
+                  std::int64_t seg, std::int64_t off) {
+  parallel_for(d, outer * seg, [=] DUALCAST_HD(std::int64_t i) {
+    const std::int64_t o = i / seg;
+    out[i] = in[o * row + off + (i - o * seg)];
+  });
+}
+
+/// The slice's adjoint scattered into a zero tensor of the input's shape, in one pass.
+template <class W>
+void slice_backward_kernel(Device d, W* gin, const W* gout, std::int64_t outer, std::int64_t row,
+                           std::int64_t seg, std::int64_t off) {
+  parallel_for(d, outer * row, [=] DUALCAST_HD(std::int64_t i) {
+    const std::int64_t o = i / row;
+    const std::int64_t c = i - o * row - off;
+    gin[i] = (c >= 0 && c < seg) ? gout[o * seg + c] : W(0);
+  });
+}
+
+Tensor slice_tensor(const Tensor& x, const SliceGeometry& g) {
+  Shape out_shape = x.shape();
+  out_shape[g.axis] = g.stop - g.start;
+  Tensor out = Tensor::empty(out_shape, x.dtype(), x.device());
+  if (out.numel() == 0) return out;
+  dispatch_word(x.dtype(), "slice", [&](auto tag) {
+    using W = decltype(tag);
+    slice_kernel<W>(x.device(), static_cast<W*>(out.raw_data()), static_cast<const W*>(x.raw_data()),
+                    g.outer, g.row, g.seg, g.off);
+  });
+  return out;
+}
+
+class SliceNode final : public Node {
+ public:
+  SliceNode(Shape in_shape, SliceGeometry g) : in_shape_(in_shape), g_(g) {}
+  [[nodiscard]] const char* name() const override { return "slice"; }
+  void backward(const std::vector<Tensor>& grad_outputs) override {
+    const Tensor& go = grad_outputs[0];
+    if (!go.defined() || !inputs[0]) return;
+    Tensor gi = Tensor::empty(in_shape_, go.dtype(), go.device());
+    if (gi.numel() > 0) {
+      dispatch_word(go.dtype(), "slice backward", [&](auto tag) {
+        using W = decltype(tag);
+        slice_backward_kernel<W>(go.device(), static_cast<W*>(gi.raw_data()),
+                                 static_cast<const W*>(go.raw_data()), g_.outer, g_.row, g_.seg,
+                                 g_.off);
+      });
+    }
+    detail::accumulate_grad(*inputs[0], std::move(gi), true);
+  }
+
+ private:
+  Shape in_shape_;
+  SliceGeometry g_;
+};
+
+// ---- concat and split --------------------------------------------------------------------------
+
+inline constexpr int kMaxPieces = 8;
+
+/// Up to kMaxPieces pieces of a tensor viewed as [outer, row]: piece p is the contiguous
+/// [outer, begin[p+1] - begin[p]] block of columns [begin[p], begin[p+1]). A null pointer means
+/// zeros (concat) or "not wanted" (split).
+template <class Ptr>
+struct PieceTable {
+  int count = 0;
+  Ptr ptr[kMaxPieces] = {};
+  std::int64_t begin[kMaxPieces + 1] = {};
+};
+
+template <class W>
+void concat_kernel(Device d, W* out, std::int64_t outer, std::int64_t row, PieceTable<const W*> t) {
+  const std::int64_t c0 = t.begin[0], width = t.begin[t.count] - c0;
+  if (width == 0) return;
+  parallel_for(d, outer * width, [=] DUALCAST_HD(std::int64_t i) {
+    const std::int64_t o = i / width;
+    const std::int64_t c = c0 + (i - o * width);
+    int p = 0;
+    while (p + 1 < t.count && c >= t.begin[p + 1]) ++p;
+    const std::int64_t w = t.begin[p + 1] - t.begin[p];
+    const W* src = t.ptr[p];
+    out[o * row + c] = src != nullptr ? src[o * w + (c - t.begin[p])] : W(0);
+  });
+}
+
+template <class W>
+void split_kernel(Device d, const W* in, std::int64_t outer, std::int64_t row, PieceTable<W*> t) {
+  const std::int64_t c0 = t.begin[0], width = t.begin[t.count] - c0;
+  if (width == 0) return;
+  parallel_for(d, outer * width, [=] DUALCAST_HD(std::int64_t i) {
+    const std::int64_t o = i / width;
+    const std::int64_t c = c0 + (i - o * width);
+    int p = 0;
+    while (p + 1 < t.count && c >= t.begin[p + 1]) ++p;
+    const std::int64_t w = t.begin[p + 1] - t.begin[p];
+    W* dst = t.ptr[p];
+    if (dst != nullptr) dst[o * w + (c - t.begin[p])] = in[o * row + c];
+  });
+}
+
+/// Writes `pieces` (null or undefined: zeros) side by side along `axis` into `out`, one kernel per
+/// kMaxPieces pieces. sizes[p] is piece p's extent along the axis.
+void concat_into(Tensor& out, int axis, const std::vector<const Tensor*>& pieces,
+                 const std::vector<std::int64_t>& sizes) {
+  if (out.numel() == 0) return;
+  const std::int64_t inner = product(out.shape(), axis + 1, out.rank());
+  const std::int64_t outer = product(out.shape(), 0, axis);
+  const std::int64_t row = out.shape()[axis] * inner;
+  dispatch_word(out.dtype(), "concat", [&](auto tag) {
+    using W = decltype(tag);
+    std::int64_t col = 0;
+    for (std::size_t first = 0; first < pieces.size(); first += kMaxPieces) {
+      PieceTable<const W*> t;
+      t.count = static_cast<int>(std::min<std::size_t>(kMaxPieces, pieces.size() - first));
+      t.begin[0] = col;
+      for (int p = 0; p < t.count; ++p) {
+        const Tensor* src = pieces[first + static_cast<std::size_t>(p)];
+        t.ptr[p] = src != nullptr && src->defined() ? static_cast<const W*>(src->raw_data()) : nullptr;
+        col += sizes[first + static_cast<std::size_t>(p)] * inner;
+        t.begin[p + 1] = col;
+      }
+      concat_kernel<W>(out.device(), static_cast<W*>(out.raw_data()), outer, row, t);
+    }
+  });
+}
+
+/// Copies the pieces of `in` along `axis` into `outs` (undefined entries are skipped), one kernel
+/// per kMaxPieces pieces.
+void split_into(const Tensor& in, int axis, std::vector<Tensor>& outs,
+                const std::vector<std::int64_t>& sizes) {
+  if (in.numel() == 0) return;
+  const std::int64_t inner = product(in.shape(), axis + 1, in.rank());
+  const std::int64_t outer = product(in.shape(), 0, axis);
+  const std::int64_t row = in.shape()[axis] * inner;
+  dispatch_word(in.dtype(), "split", [&](auto tag) {
+    using W = decltype(tag);
+    std::int64_t col = 0;
+    for (std::size_t first = 0; first < outs.size(); first += kMaxPieces) {
+      PieceTable<W*> t;
+      t.count = static_cast<int>(std::min<std::size_t>(kMaxPieces, outs.size() - first));
+      t.begin[0] = col;
+      bool any = false;
+      for (int p = 0; p < t.count; ++p) {
+        Tensor& dst = outs[first + static_cast<std::size_t>(p)];
+        const bool use = dst.defined() && dst.numel() > 0;
+        t.ptr[p] = use ? static_cast<W*>(dst.raw_data()) : nullptr;
+        any = any || use;
+        col += sizes[first + static_cast<std::size_t>(p)] * inner;
+        t.begin[p + 1] = col;
+      }
+      if (any) split_kernel<W>(in.device(), static_cast<const W*>(in.raw_data()), outer, row, t);
+    }
+  });
+}
+
+/// Checks concat's arguments; returns the normalised axis and each piece's extent along it.
+int check_concat(const std::vector<const Tensor*>& xs, int axis, std::vector<std::int64_t>& sizes) {
+  DUALCAST_CHECK(!xs.empty(), "concat: needs at least one tensor, got an empty list");
+  const Tensor& x0 = *xs[0];
+  check_defined(x0, "concat", "xs[0]");
+  const int ax = normalize_axis("concat", axis, x0.shape());
+  sizes.clear();
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    const Tensor& xi = *xs[i];
+    const std::string name = "xs[" + std::to_string(i) + "]";
+    check_same_device_dtype("concat", "xs[0]", x0, name.c_str(), xi);
+    bool ok = xi.rank() == x0.rank();
+    for (int d = 0; ok && d < x0.rank(); ++d) ok = d == ax || xi.shape()[d] == x0.shape()[d];
+    DUALCAST_CHECK(ok, "concat: along axis ", axis, ", '", name, "' of shape ", xi.shape().str(),
+                   " does not match 'xs[0]' of shape ", x0.shape().str(),
+                   " (same rank and equal sizes in every other dimension required)");
+    sizes.push_back(xi.shape()[ax]);
+  }
+  return ax;
+}
+
+Tensor concat_tensors(const std::vector<const Tensor*>& xs, int ax,
+                      const std::vector<std::int64_t>& sizes) {
+  Shape out_shape = xs[0]->shape();
+  std::int64_t total = 0;
+  for (std::int64_t s : sizes) total += s;
+  out_shape[ax] = total;
+  Tensor out = Tensor::empty(out_shape, xs[0]->dtype(), xs[0]->device());
+  concat_into(out, ax, xs, sizes);
+  return out;
+}
+
+int check_split(const Tensor& x, int axis, const std::vector<std::int64_t>& sizes) {
+  check_defined(x, "split", "x");
+  const int ax = normalize_axis("split", axis, x.shape());
+  auto sizes_str = [&] {
+    std::string r = "{";
+    for (std::size_t i = 0; i < sizes.size(); ++i) r += (i ? ", " : "") + std::to_string(sizes[i]);
+    return r + "}";
+  };
+  DUALCAST_CHECK(!sizes.empty(), "split: sizes is empty for 'x' of shape ", x.shape().str());
+  std::int64_t total = 0;
+  for (std::int64_t s : sizes) {
+    DUALCAST_CHECK(s >= 0, "split: sizes ", sizes_str(), " has a negative entry ", s,
+                   " for 'x' of shape ", x.shape().str());
+    total += s;
+  }
+  DUALCAST_CHECK(total == x.shape()[ax], "split: sizes ", sizes_str(), " sum to ", total,
+                 " but axis ", axis, " of 'x' with shape ", x.shape().str(), " has size ",
+                 x.shape()[ax]);
+  return ax;
+}
+
+std::vector<Tensor> split_tensors(const Tensor& x, int ax, const std::vector<std::int64_t>& sizes) {
+  std::vector<Tensor> outs;
+  outs.reserve(sizes.size());
+  for (std::int64_t s : sizes) {
+    Shape sh = x.shape();
+    sh[ax] = s;
+    outs.push_back(Tensor::empty(sh, x.dtype(), x.device()));
+  }
+  split_into(x, ax, outs, sizes);
+  return outs;
+}
+
+class ConcatNode final : public Node {
+ public:
+  ConcatNode(int axis, std::vector<std::int64_t> sizes, std::vector<Shape> shapes)
+      : axis_(axis), sizes_(std::move(sizes)), shapes_(std::move(shapes)) {}
+  [[nodiscard]] const char* name() const override { return "concat"; }
+  void backward(const std::vector<Tensor>& grad_outputs) override {
+    const Tensor& g = grad_outputs[0];
+    if (!g.defined()) return;
+    std::vector<Tensor> pieces(shapes_.size());
+    for (std::size_t i = 0; i < shapes_.size(); ++i)
+      if (inputs[i]) pieces[i] = Tensor::empty(shapes_[i], g.dtype(), g.device());
+    split_into(g, axis_, pieces, sizes_);
+    for (std::size_t i = 0; i < shapes_.size(); ++i)
+      if (inputs[i]) detail::accumulate_grad(*inputs[i], std::move(pieces[i]), true);
+  }
+
+ private:
+  int axis_;
+  std::vector<std::int64_t> sizes_;
+  std::vector<Shape> shapes_;
+};
+
+class SplitNode final : public Node {
+ public:
+  SplitNode(Shape in_shape, int axis, std::vector<std::int64_t> sizes)
+      : in_shape_(in_shape), axis_(axis), sizes_(std::move(sizes)) {}
+  [[nodiscard]] const char* name() const override { return "split"; }
+  void backward(const std::vector<Tensor>& grad_outputs) override {
+    if (!inputs[0]) return;
+    const Tensor* any = nullptr;
+    std::vector<const Tensor*> pieces;
+    for (const Tensor& g : grad_outputs) {
+      pieces.push_back(&g);
+      if (g.defined() && any == nullptr) any = &g;
+    }
+    if (any == nullptr) return;
+    // One pass: pieces without an adjoint are written as zeros.
+    Tensor gi = Tensor::empty(in_shape_, any->dtype(), any->device());
+    concat_into(gi, axis_, pieces, sizes_);
+    detail::accumulate_grad(*inputs[0], std::move(gi), true);
+  }
+
+ private:
+  Shape in_shape_;
+  int axis_;
+  std::vector<std::int64_t> sizes_;
+};
+
+// ---- broadcast_to ----------------------------------------------------------------------------------
+
+void check_broadcast(const Tensor& x, const Shape& shape) {
+  check_defined(x, "broadcast_to", "x");
+  const Shape& s = x.shape();
+  DUALCAST_CHECK(s.rank() <= shape.rank(), "broadcast_to: cannot broadcast 'x' of shape ", s.str(),
+                 " (rank ", s.rank(), ") to the lower-rank shape ", shape.str());
+  const int offset = shape.rank() - s.rank();
+  for (int d = 0; d < s.rank(); ++d)
+    DUALCAST_CHECK(s[d] == shape[offset + d] || s[d] == 1, "broadcast_to: cannot broadcast 'x' of shape ",
+                   s.str(), " to shape ", shape.str(), " (dimension ", d - s.rank(), ": ", s[d],
+                   " vs ", shape[offset + d], "; sizes must be equal or 1)");
+}
+
+template <class W>
+void broadcast_kernel(Device d, W* out, const W* in, std::int64_t n, BroadcastIndexer<1> ix) {
+  parallel_for(d, n, [=] DUALCAST_HD(std::int64_t i) {
+    std::int64_t off[1];
+    ix.offsets(i, off);
+    out[i] = in[off[0]];
+  });
+}
+
+Tensor broadcast_tensor(const Tensor& x, const Shape& shape) {
+  if (x.shape() == shape) return x;
+  Tensor out = Tensor::empty(shape, x.dtype(), x.device());
+  if (out.numel() == 0) return out;
+  const BroadcastIndexer<1> ix = make_indexer<1>(shape, {x.shape()});
+  dispatch_word(x.dtype(), "broadcast_to", [&](auto tag) {
+    using W = decltype(tag);
+    broadcast_kernel<W>(x.device(), static_cast<W*>(out.raw_data()),
+                        static_cast<const W*>(x.raw_data()), out.numel(), ix);
+  });
+  return out;
+}
+
+class BroadcastNode final : public Node {
+ public:
+  explicit BroadcastNode(Shape in_shape) : in_shape_(in_shape) {}
+  [[nodiscard]] const char* name() const override { return "broadcast_to"; }
+  void backward(const std::vector<Tensor>& grad_outputs) override {
+    const Tensor& g = grad_outputs[0];
+    if (!g.defined() || !inputs[0]) return;
+    Tensor gi = sum_to(g, in_shape_);  // g itself when nothing was broadcast
+    const bool fresh = !gi.shares_storage(g);
+    detail::accumulate_grad(*inputs[0], std::move(gi), fresh);
+  }
+
+ private:
+  Shape in_shape_;
+};
+
+}  // namespace
+}  // namespace shape_ops_detail
+
+namespace sod = shape_ops_detail;
+
+// ---- public API ----------------------------------------------------------------------------------
+
+Tensor transpose(const Tensor& x) { return sod::permute_tensor(x, sod::transpose_permutation(x)); }
+
+Var transpose(const Var& x) {
+  sod::check_var(x, "transpose", "x");
+  return sod::permute_var("transpose", x, sod::transpose_permutation(x.value()));
+}
+
+Tensor permute(const Tensor& x, const std::vector<int>& dims) {
+  check_defined(x, "permute", "x");
+  return sod::permute_tensor(x, sod::normalize_permutation("permute", x.shape(), dims));
+}
+
+Var permute(const Var& x, const std::vector<int>& dims) {
+  sod::check_var(x, "permute", "x");
+  return sod::permute_var("permute", x, sod::normalize_permutation("permute", x.shape(), dims));
+}
+
+Var reshape(const Var& x, std::initializer_list<std::int64_t> shape) {
+  return sod::reshape_var(x, std::vector<std::int64_t>(shape));
+}
+Var reshape(const Var& x, const std::vector<std::int64_t>& shape) { return sod::reshape_var(x, shape); }
+Var reshape(const Var& x, const Shape& shape) { return sod::reshape_var(x, shape.vec()); }
+Tensor reshape(const Tensor& x, std::initializer_list<std::int64_t> shape) {
+  return reshape(x, std::vector<std::int64_t>(shape));
+}
+Tensor reshape(const Tensor& x, const std::vector<std::int64_t>& shape) {
+  return x.view(sod::resolve_shape(x, shape));
+}
+Tensor reshape(const Tensor& x, const Shape& shape) { return reshape(x, shape.vec()); }
+
+Tensor slice(const Tensor& x, int axis, std::int64_t start, std::int64_t stop) {
+  return sod::slice_tensor(x, sod::check_slice(x, axis, start, stop));
+}
+
+Var slice(const Var& x, int axis, std::int64_t start, std::int64_t stop) {
+  sod::check_var(x, "slice", "x");
+  const Tensor& xv = x.value();
+  const sod::SliceGeometry g = sod::check_slice(xv, axis, start, stop);
+  Tensor out = sod::slice_tensor(xv, g);
+  std::shared_ptr<Node> node;
+  if (detail::any_requires_grad({x})) node = std::make_shared<sod::SliceNode>(xv.shape(), g);
+  return detail::record1(std::move(node), {x}, std::move(out));
+}
+
+Tensor concat(const std::vector<Tensor>& xs, int axis) {
+  std::vector<const Tensor*> ptrs;
+  ptrs.reserve(xs.size());
+  for (const Tensor& t : xs) ptrs.push_back(&t);
+  std::vector<std::int64_t> sizes;
+  const int ax = sod::check_concat(ptrs, axis, sizes);
+  return sod::concat_tensors(ptrs, ax, sizes);
+}
+
+Tensor concat(std::initializer_list<Tensor> xs, int axis) {
+  return concat(std::vector<Tensor>(xs), axis);
+}
+
+Var concat(const std::vector<Var>& xs, int axis) {
+  std::vector<const Tensor*> ptrs;
+  ptrs.reserve(xs.size());
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    DUALCAST_CHECK(xs[i].defined(), "concat: argument 'xs[", i, "]' is an undefined Var");
+    ptrs.push_back(&xs[i].value());
+  }
+  std::vector<std::int64_t> sizes;
+  const int ax = sod::check_concat(ptrs, axis, sizes);
+  Tensor out = sod::concat_tensors(ptrs, ax, sizes);
+  std::shared_ptr<Node> node;
+  if (detail::any_requires_grad(xs)) {
+    std::vector<Shape> shapes;
+    for (const Tensor* t : ptrs) shapes.push_back(t->shape());
+    node = std::make_shared<sod::ConcatNode>(ax, sizes, std::move(shapes));
+  }
+  return detail::record1(std::move(node), xs, std::move(out));
+}
+
+std::vector<Tensor> split(const Tensor& x, int axis, const std::vector<std::int64_t>& sizes) {
+  const int ax = sod::check_split(x, axis, sizes);
+  return sod::split_tensors(x, ax, sizes);
+}
+
+std::vector<Var> split(const Var& x, int axis, const std::vector<std::int64_t>& sizes) {
+  sod::check_var(x, "split", "x");
+  const Tensor& xv = x.value();
+  const int ax = sod::check_split(xv, axis, sizes);
+  std::vector<Tensor> outs = sod::split_tensors(xv, ax, sizes);
+  std::shared_ptr<Node> node;
+  if (detail::any_requires_grad({x})) node = std::make_shared<sod::SplitNode>(xv.shape(), ax, sizes);
+  return detail::record(std::move(node), {x}, std::move(outs));
+}
+
+Tensor broadcast_to(const Tensor& x, const Shape& shape) {
+  sod::check_broadcast(x, shape);
+  return sod::broadcast_tensor(x, shape);
+}
+
+Var broadcast_to(const Var& x, const Shape& shape) {
+  sod::check_var(x, "broadcast_to", "x");
+  const Tensor& xv = x.value();
+  sod::check_broadcast(xv, shape);
+  Tensor out = sod::broadcast_tensor(xv, shape);
+  std::shared_ptr<Node> node;
+  if (detail::any_requires_grad({x})) node = std::make_shared<sod::BroadcastNode>(xv.shape());
+  return detail::record1(std::move(node), {x}, std::move(out));
+}
+
+}  // namespace dualcast
