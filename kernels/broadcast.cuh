@@ -14,6 +14,7 @@
 #include "dualcast/config.hpp"
 #include "dualcast/dual.hpp"
 #include "dualcast/indexing.hpp"
+#include "dualcast/parallel.hpp"
 
 namespace dualcast::detail {
 
@@ -161,6 +162,7 @@ struct ForwardBody<T, K, M, DUAL, STORE, F, std::integer_sequence<int, Slots...>
   static constexpr int NA = sizeof...(Slots);
   static constexpr int KK = K > 0 ? K : 1;
   static constexpr int V = chunk_width<T, K>;
+  static constexpr bool device_only = is_device_only_lambda<F>;
   F f;
   BroadcastOperands<T, NA> ops;
   T* out[M];
@@ -243,6 +245,7 @@ template <class T, int K, int M, bool STORE, class F, int... Slots>
 struct BackwardBody<T, K, M, STORE, F, std::integer_sequence<int, Slots...>> {
   static constexpr int NA = sizeof...(Slots);
   static constexpr int V = chunk_width<T, K>;
+  static constexpr bool device_only = is_device_only_lambda<F>;
   F f;
   BroadcastOperands<T, NA> ops;
   const T* part[M][K];  ///< STORE only

@@ -131,10 +131,15 @@ struct RedCursor {
     t += step;
     const std::int64_t L = p.red_dims[p.red_rank - 1];
     if (t >= L) {
-      std::int64_t dq;
-      divmod_fast(t, L, dq, t);
-      q += dq;
-      outer = p.roff_outer(q);
+      if (step <= L) {  // t < L before the step: exactly one wrap, no division
+        t -= L;
+        ++q;
+      } else {
+        std::int64_t dq;
+        divmod_fast(t, L, dq, t);
+        q += dq;
+      }
+      outer = p.red_rank == 2 ? q * p.red_strides[0] : p.roff_outer(q);
     }
   }
 };
@@ -406,7 +411,17 @@ __global__ void __launch_bounds__(kReduceBlock)
     if (p.red_rank <= 1) {
       const std::int64_t rs = p.red_rank == 1 ? p.red_strides[0] : 0;
       std::int64_t j = j0 + lane;
-      for (; j + 3 * G < j1; j += 4 * G) {  // four loads in flight per thread
+      for (; j + 7 * G < j1; j += 8 * G) {  // eight loads in flight per thread
+        const Acc v0 = load(o, b + j * rs), v1 = load(o, b + (j + G) * rs);
+        const Acc v2 = load(o, b + (j + 2 * G) * rs), v3 = load(o, b + (j + 3 * G) * rs);
+        const Acc v4 = load(o, b + (j + 4 * G) * rs), v5 = load(o, b + (j + 5 * G) * rs);
+        const Acc v6 = load(o, b + (j + 6 * G) * rs), v7 = load(o, b + (j + 7 * G) * rs);
+        a0 = op(op(a0, v0), v4);
+        a1 = op(op(a1, v1), v5);
+        a2 = op(op(a2, v2), v6);
+        a3 = op(op(a3, v3), v7);
+      }
+      for (; j + 3 * G < j1; j += 4 * G) {
         a0 = op(a0, load(o, b + j * rs));
         a1 = op(a1, load(o, b + (j + G) * rs));
         a2 = op(a2, load(o, b + (j + 2 * G) * rs));
@@ -415,7 +430,22 @@ __global__ void __launch_bounds__(kReduceBlock)
       for (; j < j1; j += G) a0 = op(a0, load(o, b + j * rs));
     } else if (j0 + lane < j1) {
       RedCursor cur(p, j0 + lane);
-      for (std::int64_t j = j0 + lane; j < j1; j += G) {
+      std::int64_t j = j0 + lane;
+      for (; j + 3 * G < j1; j += 4 * G) {  // offsets first, then four independent loads
+        const std::int64_t f0 = cur.off(p);
+        cur.advance(p, G);
+        const std::int64_t f1 = cur.off(p);
+        cur.advance(p, G);
+        const std::int64_t f2 = cur.off(p);
+        cur.advance(p, G);
+        const std::int64_t f3 = cur.off(p);
+        cur.advance(p, G);
+        a0 = op(a0, load(o, b + f0));
+        a1 = op(a1, load(o, b + f1));
+        a2 = op(a2, load(o, b + f2));
+        a3 = op(a3, load(o, b + f3));
+      }
+      for (; j < j1; j += G) {
         a0 = op(a0, load(o, b + cur.off(p)));
         cur.advance(p, G);
       }
@@ -456,26 +486,34 @@ __global__ void __launch_bounds__(kReduceBlock)
   for (std::int64_t o0 = static_cast<std::int64_t>(blockIdx.x) * kCols; o0 < p.n_out;
        o0 += o_stride) {
     const std::int64_t o = o0 + tx;
-    Acc a0 = op.identity(), a1 = op.identity();
+    Acc a0 = op.identity(), a1 = op.identity(), a2 = op.identity(), a3 = op.identity();
     if (o < p.n_out) {
       const std::int64_t b = p.base(o);
       if (p.red_rank <= 1) {
         const std::int64_t rs = p.red_rank == 1 ? p.red_strides[0] : 0;
         std::int64_t j = j0 + ty;
-        for (; j + R < j1; j += 2 * R) {
+        for (; j + 3 * R < j1; j += 4 * R) {  // four loads in flight per thread
           a0 = op(a0, load(o, b + j * rs));
           a1 = op(a1, load(o, b + (j + R) * rs));
+          a2 = op(a2, load(o, b + (j + 2 * R) * rs));
+          a3 = op(a3, load(o, b + (j + 3 * R) * rs));
         }
-        if (j < j1) a0 = op(a0, load(o, b + j * rs));
+        for (; j < j1; j += R) a0 = op(a0, load(o, b + j * rs));
       } else if (j0 + ty < j1) {
         RedCursor cur(p, j0 + ty);
-        for (std::int64_t j = j0 + ty; j < j1; j += R) {
-          a0 = op(a0, load(o, b + cur.off(p)));
+        std::int64_t j = j0 + ty;
+        for (; j + R < j1; j += 2 * R) {
+          const std::int64_t f0 = cur.off(p);
           cur.advance(p, R);
+          const std::int64_t f1 = cur.off(p);
+          cur.advance(p, R);
+          a0 = op(a0, load(o, b + f0));
+          a1 = op(a1, load(o, b + f1));
         }
+        if (j < j1) a2 = op(a2, load(o, b + cur.off(p)));
       }
     }
-    Acc a = op(a0, a1);
+    Acc a = op(op(a0, a1), op(a2, a3));
     if constexpr (R > 1) {
       sh[ty][tx] = a;
       __syncthreads();
@@ -511,12 +549,15 @@ void gpu_reduce(Device device, const ReducePlan& p, const Load& load, const Op& 
                     (p.inner_reduced || p.n_out < 32 || (p.n_red <= 4096 && p.n_out <= 64));
   // Columns: 8 threads per output when the reduction is long enough to share, else 1.
   const int col_r = p.n_red >= 64 ? 8 : 1;
-  const int per_out = rows ? (p.n_red >= 2048 ? kReduceBlock : 32) : col_r;
-  // Split the reduced range when the outputs alone cannot fill the device; each thread of a split
-  // still gets at least ~16 elements.
+  // A block per output for long rows, and for the few outputs of a short final pass (each thread
+  // then loads a handful of values at once instead of a warp looping serially).
+  const int per_out =
+      rows ? ((p.n_red >= 2048 || (p.n_out < 32 && p.n_red >= 512)) ? kReduceBlock : 32) : col_r;
+  // Split the reduced range when the outputs alone cannot fill the device and the problem is big
+  // enough to pay for a second pass; each thread of a split still gets at least ~16 elements.
   std::int64_t splits = 1;
   const std::int64_t busy = p.n_out * per_out;
-  if (busy < target && p.n_red >= 32 * per_out) {
+  if (busy < target && p.n_red >= 32 * per_out && p.n_out * p.n_red >= (1 << 16)) {
     splits = (target + busy - 1) / busy;
     splits = std::min<std::int64_t>(splits, std::max<std::int64_t>(1, p.n_red / (16 * per_out)));
     splits = std::min<std::int64_t>(splits, 65535);

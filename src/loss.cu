@@ -78,17 +78,43 @@ Lines make_lines(const Shape& s, int axis) {
   return L;
 }
 
+/// Whether a label value is a class index: an integer in [0, C) (NaN is not).
+DUALCAST_HD DUALCAST_INLINE bool label_ok(double v, std::int64_t C) {
+  return v >= 0.0 && v < static_cast<double>(C) && v == ::floor(v);
+}
+
 // ---- per-line bodies: `lane` of `G` cooperating threads handles elements lane, lane + G, ... --
 
 enum class LineOp { softmax, log_softmax };
 
-/// Forward partial stats of one thread.
+/// Forward partial stats of one thread. Four elements at a time (four loads in flight, one rescale
+/// per four); a group of four that is all -inf or holds a NaN takes the exact one-by-one path.
 template <class T>
 DUALCAST_HD DUALCAST_INLINE void line_stats(const T* x, std::int64_t base, std::int64_t stride,
                                             std::int64_t C, int lane, int G, T& m, T& s) {
   m = neg_inf<T>();
   s = T(0);
-  for (std::int64_t c = lane; c < C; c += G) online_add(m, s, x[base + c * stride]);
+  std::int64_t c = lane;
+  for (; c + 3 * G < C; c += 4 * G) {
+    const T v0 = x[base + c * stride], v1 = x[base + (c + G) * stride];
+    const T v2 = x[base + (c + 2 * G) * stride], v3 = x[base + (c + 3 * G) * stride];
+    T mx = m;
+    mx = v0 > mx ? v0 : mx;
+    mx = v1 > mx ? v1 : mx;
+    mx = v2 > mx ? v2 : mx;
+    mx = v3 > mx ? v3 : mx;
+    if (mx == neg_inf<T>() || v0 != v0 || v1 != v1 || v2 != v2 || v3 != v3) {
+      online_add(m, s, v0);
+      online_add(m, s, v1);
+      online_add(m, s, v2);
+      online_add(m, s, v3);
+    } else {
+      const T scaled = m == neg_inf<T>() ? T(0) * s : s * lexp(m - mx);
+      s = scaled + ((lexp(v0 - mx) + lexp(v1 - mx)) + (lexp(v2 - mx) + lexp(v3 - mx)));
+      m = mx;
+    }
+  }
+  for (; c < C; c += G) online_add(m, s, x[base + c * stride]);
 }
 
 template <LineOp OP, class T>
@@ -114,12 +140,18 @@ DUALCAST_HD DUALCAST_INLINE void line_write(const T* x, T* y, std::int64_t base,
 template <LineOp OP, class T>
 DUALCAST_HD DUALCAST_INLINE T line_dot(const T* y, const T* g, std::int64_t base,
                                        std::int64_t stride, std::int64_t C, int lane, int G) {
-  T acc = T(0);
-  for (std::int64_t c = lane; c < C; c += G) {
-    const std::int64_t k = base + c * stride;
-    acc += OP == LineOp::softmax ? g[k] * y[k] : g[k];
+  T a0 = T(0), a1 = T(0);
+  std::int64_t c = lane;
+  for (; c + G < C; c += 2 * G) {
+    const std::int64_t k0 = base + c * stride, k1 = base + (c + G) * stride;
+    a0 += OP == LineOp::softmax ? g[k0] * y[k0] : g[k0];
+    a1 += OP == LineOp::softmax ? g[k1] * y[k1] : g[k1];
   }
-  return acc;
+  if (c < C) {
+    const std::int64_t k = base + c * stride;
+    a0 += OP == LineOp::softmax ? g[k] * y[k] : g[k];
+  }
+  return a0 + a1;
 }
 
 template <LineOp OP, class T>
@@ -268,7 +300,7 @@ template <int G, class T, class Lab>
 __global__ void __launch_bounds__(kLineBlock)
     ce_forward_kernel(std::int64_t N, std::int64_t C, const T* __restrict__ x,
                       const Lab* __restrict__ labels, T* __restrict__ row_loss,
-                      T* __restrict__ stats) {
+                      T* __restrict__ stats, unsigned* __restrict__ bad) {
   constexpr int kGroups = kLineBlock / G;
   const int lane = static_cast<int>(threadIdx.x) % G;
   const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * kGroups;
@@ -277,8 +309,13 @@ __global__ void __launch_bounds__(kLineBlock)
     T m, s;
     line_stats(x, r * C, 1, C, lane, G, m, s);
     group_allreduce<G>(m, s, MergeMaxSum{});
-    if (lane == 0)
-      row_loss[r] = ce_row_finish(x, r, C, static_cast<std::int64_t>(labels[r]), m, s, stats);
+    if (lane == 0) {
+      // An invalid label raises the flag (reported by the host) and reads class 0 meanwhile.
+      const double lv = static_cast<double>(labels[r]);
+      const bool ok = label_ok(lv, C);
+      if (!ok) atomicOr(bad, 1u);
+      row_loss[r] = ce_row_finish(x, r, C, ok ? static_cast<std::int64_t>(lv) : 0, m, s, stats);
+    }
   }
 }
 
@@ -288,7 +325,9 @@ struct LineLaunch {
   unsigned blocks;
 };
 inline LineLaunch line_launch(Device dev, const Lines& L) {
-  const int group = L.inner != 1 ? 1 : (L.C >= 1024 ? kLineBlock : 32);
+  // A thread per line along another axis or for very short lines (a warp would idle), a warp per
+  // line up to 1023 elements, a block beyond.
+  const int group = (L.inner != 1 || L.C <= 16) ? 1 : (L.C >= 1024 ? kLineBlock : 32);
   const std::int64_t per_block = kLineBlock / group;
   const std::int64_t cap = static_cast<std::int64_t>(multiprocessor_count(dev)) * 16;
   const std::int64_t blocks = std::min<std::int64_t>((L.lines + per_block - 1) / per_block, cap);
@@ -317,16 +356,19 @@ void gpu_softmax_backward(Device dev, const Lines& L, const T* y, const T* g, T*
 
 template <class T, class Lab>
 void gpu_ce_forward(Device dev, std::int64_t N, std::int64_t C, const T* x, const Lab* labels,
-                    T* row_loss, T* stats) {
+                    T* row_loss, T* stats, unsigned* bad) {
   DeviceGuard guard(dev);
   Lines L;
   L.lines = N;
   L.C = C;
   const LineLaunch ll = line_launch(dev, L);
-  if (ll.group == 32)
-    ce_forward_kernel<32, T, Lab><<<ll.blocks, kLineBlock>>>(N, C, x, labels, row_loss, stats);
+  if (ll.group == 1)
+    ce_forward_kernel<1, T, Lab><<<ll.blocks, kLineBlock>>>(N, C, x, labels, row_loss, stats, bad);
+  else if (ll.group == 32)
+    ce_forward_kernel<32, T, Lab><<<ll.blocks, kLineBlock>>>(N, C, x, labels, row_loss, stats, bad);
   else
-    ce_forward_kernel<kLineBlock, T, Lab><<<ll.blocks, kLineBlock>>>(N, C, x, labels, row_loss, stats);
+    ce_forward_kernel<kLineBlock, T, Lab><<<ll.blocks, kLineBlock>>>(N, C, x, labels, row_loss, stats,
+                                                                    bad);
   DUALCAST_CUDA_CHECK_LAUNCH();
 }
 
@@ -356,25 +398,14 @@ void softmax_backward(Device dev, const Lines& L, const T* y, const T* g, T* gx)
 
 template <class T, class Lab>
 void ce_forward(Device dev, std::int64_t N, std::int64_t C, const T* x, const Lab* labels,
-                T* row_loss, T* stats) {
-  if (dev.is_cpu()) return cpu_ce_forward(N, C, x, labels, row_loss, stats);
+                T* row_loss, T* stats, unsigned* bad) {
+  if (dev.is_cpu()) return cpu_ce_forward(N, C, x, labels, row_loss, stats);  // labels pre-checked
 #if defined(__CUDACC__)
-  gpu_ce_forward(dev, N, C, x, labels, row_loss, stats);
+  gpu_ce_forward(dev, N, C, x, labels, row_loss, stats, bad);
 #else
   DUALCAST_FAIL("cross_entropy on ", dev.str(), ": dualcast was built without its CUDA backend");
 #endif
 }
-
-/// Counts labels that are not integers in [0, C).
-template <class Lab>
-struct InvalidLabelLoad {
-  const Lab* labels;
-  double classes;
-  [[nodiscard]] DUALCAST_HD DUALCAST_INLINE double operator()(std::int64_t, std::int64_t off) const {
-    const double v = static_cast<double>(labels[off]);
-    return (v >= 0.0 && v < classes && v == ::floor(v)) ? 0.0 : 1.0;
-  }
-};
 
 /// (pred - target)^2 in double.
 template <class T>
@@ -467,7 +498,8 @@ Tensor labels_contiguous(const Tensor& labels) {
   return contiguous_copy(labels);
 }
 
-void check_labels(const Tensor& logits, const Tensor& labels) {
+/// Shape, device and dtype checks of cross_entropy's arguments (no data read).
+void check_label_shapes(const Tensor& logits, const Tensor& labels) {
   const char* op = "cross_entropy";
   DUALCAST_CHECK(logits.rank() == 2, op, ": logits must be [N, C], got shape ",
                  logits.shape().str());
@@ -477,25 +509,16 @@ void check_labels(const Tensor& logits, const Tensor& labels) {
                  logits.shape().str(), ", got shape ", labels.shape().str());
   DUALCAST_CHECK(labels.device() == logits.device(), op, ": labels on ", labels.device().str(),
                  " but logits on ", logits.device().str());
-  const std::int64_t N = logits.shape()[0], C = logits.shape()[1];
-  if (N == 0) return;
-  // One reduction counts invalid labels (a device sync to report it); the message names the first.
-  Tensor bad = Tensor::empty(Shape{}, DType::float64, labels.device());
-  const Tensor lab = labels_contiguous(labels);
-  dispatch_all(lab.dtype(), op, [&](auto tag) {
-    using L = decltype(tag);
-    run_reduce<double>(lab.device(), full_plan(N),
-                       InvalidLabelLoad<L>{lab.data<L>(), static_cast<double>(C)}, SumOp<double>{},
-                       CastStore<double, double>{bad.data<double>()});
-  });
-  if (bad.item() == 0.0) return;
-  const std::vector<double> v = lab.to_vector<double>();
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    const double l = v[i];
-    DUALCAST_CHECK(l >= 0.0 && l < static_cast<double>(C) && l == std::floor(l), op, ": label ", l,
-                   " at position ", i, " is not a class index in [0, ", C,
-                   ") for logits of shape ", logits.shape().str());
-  }
+}
+
+/// Throws naming the first label that is not a class index (reads the labels on the host).
+void throw_first_bad_label(const Tensor& labels, const Shape& logits_shape) {
+  const std::int64_t C = logits_shape[1];
+  const std::vector<double> v = labels.to_vector<double>();
+  for (std::size_t i = 0; i < v.size(); ++i)
+    DUALCAST_CHECK(label_ok(v[i], C), "cross_entropy: label ", v[i], " at position ", i,
+                   " is not a class index in [0, ", C, ") for logits of shape ",
+                   logits_shape.str());
 }
 
 }  // namespace
@@ -516,12 +539,30 @@ struct CrossEntropyResult {
 
 CrossEntropyResult cross_entropy_impl(const Tensor& logits0, const Tensor& labels0) {
   detail::check_floating(logits0, "cross_entropy", "logits");
-  detail::check_labels(logits0, labels0);
+  detail::check_label_shapes(logits0, labels0);
   CrossEntropyResult r;
   r.logits = detail::contiguous_copy(logits0);
   r.labels = detail::labels_contiguous(labels0);
   const std::int64_t N = r.logits.shape()[0], C = r.logits.shape()[1];
   const Device dev = r.logits.device();
+  // Labels are checked on the host before any work on the CPU; on a GPU the forward kernel raises a
+  // flag that is read back once at the end (the one synchronisation cross_entropy costs there).
+  if (dev.is_cpu()) {
+    bool all_ok = true;
+    dispatch_all(r.labels.dtype(), "cross_entropy", [&](auto ltag) {
+      using L = decltype(ltag);
+      const L* lab = r.labels.data<L>();
+      for (std::int64_t i = 0; i < N && all_ok; ++i)
+        all_ok = detail::label_ok(static_cast<double>(lab[i]), C);
+    });
+    if (!all_ok) detail::throw_first_bad_label(r.labels, r.logits.shape());
+  }
+  Tensor bad_flag;
+  unsigned* bad = nullptr;
+  if (dev.is_cuda() && N > 0) {
+    bad_flag = Tensor::zeros(Shape{4}, DType::uint8, dev);
+    bad = static_cast<unsigned*>(bad_flag.raw_data());
+  }
   r.stats = Tensor::empty(Shape{N, 2}, r.logits.dtype(), dev);
   r.loss = Tensor::empty(Shape{}, r.logits.dtype(), dev);
   Tensor row_loss = Tensor::empty(Shape{N}, r.logits.dtype(), dev);
@@ -531,7 +572,7 @@ CrossEntropyResult cross_entropy_impl(const Tensor& logits0, const Tensor& label
       dispatch_all(r.labels.dtype(), "cross_entropy", [&](auto ltag) {
         using L = decltype(ltag);
         detail::ce_forward<T, L>(dev, N, C, r.logits.data<T>(), r.labels.data<L>(),
-                                 row_loss.data<T>(), r.stats.data<T>());
+                                 row_loss.data<T>(), r.stats.data<T>(), bad);
       });
     }
     detail::run_reduce<double>(dev, detail::full_plan(N),
@@ -540,6 +581,10 @@ CrossEntropyResult cross_entropy_impl(const Tensor& logits0, const Tensor& label
                                detail::ScaledStore<T, double>{r.loss.data<T>(),
                                                               1.0 / static_cast<double>(N)});
   });
+  if (bad_flag.defined()) {
+    const std::vector<std::uint8_t> f = bad_flag.to_vector<std::uint8_t>();
+    if (f[0] || f[1] || f[2] || f[3]) detail::throw_first_bad_label(r.labels, r.logits.shape());
+  }
   return r;
 }
 

@@ -19,6 +19,18 @@ namespace detail {
 DUALCAST_HD inline float opt_sqrt(float x) { return ::sqrtf(x); }
 DUALCAST_HD inline double opt_sqrt(double x) { return ::sqrt(x); }
 
+// Optimizer state decays geometrically wherever gradients stop (momentum * buf, beta1 * m, beta2 * v:
+// pixels that are nearly always 0, dead ReLUs) and ends up subnormal after a few hundred steps. x86
+// arithmetic on subnormals is 15-20x slower (an Adam step of a 784x256 parameter went from ~4 ms to
+// 55-75 ms), so state values below the smallest normal number are stored as 0, on both backends
+// alike. The select is branch-free: a branchy version made the CPU step 2.6x slower.
+DUALCAST_HD inline float flush_subnormal(float x) {
+  return ::fabsf(x) < 1.17549435e-38f ? 0.0f : x;  // NaN stays NaN
+}
+DUALCAST_HD inline double flush_subnormal(double x) {
+  return ::fabs(x) < 2.2250738585072014e-308 ? 0.0 : x;
+}
+
 template <class T>
 void sgd_plain(Device device, T* p, const T* g, std::int64_t n, T lr, T wd) {
   parallel_for(device, n, [=] DUALCAST_HD(std::int64_t i) {
@@ -31,7 +43,7 @@ template <class T>
 void sgd_momentum(Device device, T* p, const T* g, T* buf, std::int64_t n, T lr, T momentum, T wd) {
   parallel_for(device, n, [=] DUALCAST_HD(std::int64_t i) {
     const T d = g[i] + wd * p[i];
-    const T b = momentum * buf[i] + d;
+    const T b = flush_subnormal(momentum * buf[i] + d);
     buf[i] = b;
     p[i] = p[i] - lr * b;
   });
@@ -41,10 +53,11 @@ void sgd_momentum(Device device, T* p, const T* g, T* buf, std::int64_t n, T lr,
 template <class T>
 void adam_update(Device device, T* p, const T* g, T* m, T* v, std::int64_t n, T step_size, T beta1,
                  T beta2, T inv_sqrt_bc2, T eps, T wd) {
+  const T one_minus_beta1 = T(1) - beta1, one_minus_beta2 = T(1) - beta2;
   parallel_for(device, n, [=] DUALCAST_HD(std::int64_t i) {
     const T d = g[i] + wd * p[i];
-    const T mi = beta1 * m[i] + (T(1) - beta1) * d;
-    const T vi = beta2 * v[i] + (T(1) - beta2) * d * d;
+    const T mi = flush_subnormal(beta1 * m[i] + one_minus_beta1 * d);
+    const T vi = flush_subnormal(beta2 * v[i] + one_minus_beta2 * d * d);
     m[i] = mi;
     v[i] = vi;
     p[i] = p[i] - step_size * mi / (opt_sqrt(vi) * inv_sqrt_bc2 + eps);

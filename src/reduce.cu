@@ -53,20 +53,39 @@ void broadcast_copy_flat(Device d, T* out, const T* x, std::int64_t n, Broadcast
 }
 
 #if defined(__CUDACC__)
-/// Rows of the innermost (collapsed) output dimension: the source offset of a row is computed once
-/// (blockIdx.y strides over rows), its L elements are written by adjacent threads.
+/// Long rows (the innermost collapsed output dimension, L >= 64): the source offset of a row is
+/// computed once per block and row (blockIdx.y strides over rows); the block's threads write at
+/// least 8 elements each of it, adjacent threads adjacent addresses. Per-element index arithmetic
+/// (a division per element) would make this integer-bound rather than memory-bound.
 template <class T>
 __global__ void __launch_bounds__(kReduceBlock)
     broadcast_rows_kernel(T* __restrict__ out, const T* __restrict__ x, std::int64_t rows,
                           std::int64_t L, std::int64_t ls, BroadcastIndexer<1> outer, T scale) {
+  const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
     std::int64_t off[1];
     outer.offsets(r, off);
     const T* src = x + off[0];
     T* dst = out + r * L;
     for (std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < L;
-         c += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+         c += step)
       dst[c] = src[c * ls] * scale;
+  }
+}
+
+/// Short rows (L < 64): a thread per row.
+template <class T>
+__global__ void __launch_bounds__(kReduceBlock)
+    broadcast_short_rows_kernel(T* __restrict__ out, const T* __restrict__ x, std::int64_t rows,
+                                int L, std::int64_t ls, BroadcastIndexer<1> outer, T scale) {
+  const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < rows;
+       r += step) {
+    std::int64_t off[1];
+    outer.offsets(r, off);
+    const T* src = x + off[0];
+    T* dst = out + r * L;
+    for (int c = 0; c < L; ++c) dst[c] = src[c * ls] * scale;
   }
 }
 #endif
@@ -76,23 +95,19 @@ template <class T>
 void broadcast_copy_typed(Device d, T* out, const T* x, std::int64_t n, BroadcastIndexer<1> ix,
                           T scale) {
   if (n <= 0) return;
-  const std::int64_t L = ix.rank > 0 ? ix.dims[ix.rank - 1] : 1;
-  const bool by_rows = ix.access[0] == Access::strided && ix.rank >= 2 && L >= 64;
-  if (!by_rows) {
+  if (ix.access[0] != Access::strided || ix.rank < 2) {  // a scaled copy, or a scalar source
     if (d.is_cpu()) {
+      const bool scalar = ix.access[0] == Access::scalar;
       cpu_for(n, kCpuGrain, [&](std::int64_t b, std::int64_t e) {
-        for (std::int64_t i = b; i < e; ++i) {
-          std::int64_t off[1];
-          ix.offsets(i, off);
-          out[i] = x[off[0]] * scale;
-        }
+        for (std::int64_t i = b; i < e; ++i) out[i] = x[scalar ? 0 : i] * scale;
       });
     } else {
       broadcast_copy_flat<T>(d, out, x, n, ix, scale);
     }
     return;
   }
-  // Row-wise: the outer dimensions address rows, the innermost one runs along a row.
+  // Row-wise: the outer (collapsed) dimensions address rows, the innermost one runs along a row.
+  const std::int64_t L = ix.dims[ix.rank - 1];
   const std::int64_t ls = ix.strides[0][ix.rank - 1];
   const std::int64_t rows = n / L;
   BroadcastIndexer<1> outer = ix;
@@ -114,10 +129,19 @@ void broadcast_copy_typed(Device d, T* out, const T* x, std::int64_t n, Broadcas
 #else
   DeviceGuard guard(d);
   const std::int64_t sms = multiprocessor_count(d);
-  const std::int64_t gx = std::min<std::int64_t>((L + kReduceBlock - 1) / kReduceBlock, sms * 8);
-  const std::int64_t gy = std::min<std::int64_t>({rows, std::max<std::int64_t>(1, sms * 32 / gx), 65535});
-  broadcast_rows_kernel<T><<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)),
-                             kReduceBlock>>>(out, x, rows, L, ls, outer, scale);
+  if (L < 64) {
+    const std::int64_t blocks =
+        std::min<std::int64_t>((rows + kReduceBlock - 1) / kReduceBlock, sms * 16);
+    broadcast_short_rows_kernel<T><<<static_cast<unsigned>(blocks), kReduceBlock>>>(
+        out, x, rows, static_cast<int>(L), ls, outer, scale);
+  } else {
+    const std::int64_t gx = std::max<std::int64_t>(1, L / (kReduceBlock * 8));
+    const std::int64_t gy =
+        std::min<std::int64_t>({rows, std::max<std::int64_t>(1, sms * 16 / gx), 65535});
+    broadcast_rows_kernel<T><<<dim3(static_cast<unsigned>(std::min<std::int64_t>(gx, 65535)),
+                                    static_cast<unsigned>(gy)),
+                               kReduceBlock>>>(out, x, rows, L, ls, outer, scale);
+  }
   DUALCAST_CUDA_CHECK_LAUNCH();
 #endif
 }

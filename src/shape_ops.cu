@@ -4,7 +4,9 @@
 // instantiated for 1-, 4- and 8-byte words (uint8 masks, float32, float64) rather than per dtype.
 // Each op is one parallel_for pass over its output (a grid-stride kernel on a CUDA device); the
 // kernels sit in named function templates because nvcc rejects extended lambdas inside the generic
-// lambdas of a dtype dispatch.
+// lambdas of a dtype dispatch. A permutation that is a (batched) matrix transpose once adjacent
+// dimensions merge runs, on a CUDA device, through 32 x 32 shared-memory tiles (coalesced reads and
+// writes: about 2.5 TB/s against 0.7-0.9 TB/s element-wise on an H200, whose copy reaches 4.2 TB/s).
 //
 // broadcast_to's gradient is dualcast::sum_to (ops/reduce.hpp): the adjoint summed over the
 // broadcast dimensions.
@@ -120,11 +122,6 @@ void transpose_tiles(Device d, W* out, const W* in, std::int64_t batch, std::int
 }
 #endif
 
-template <class W>
-void copy_kernel(Device d, W* out, const W* in, std::int64_t n) {
-  parallel_for(d, n, [=] DUALCAST_HD(std::int64_t i) { out[i] = in[i]; });
-}
-
 std::vector<int> normalize_permutation(const char* op, const Shape& s, const std::vector<int>& dims) {
   auto dims_str = [&] {
     std::string r = "[";
@@ -177,14 +174,14 @@ Tensor permute_tensor(const Tensor& x, const std::vector<int>& perm) {
   const bool matrix_transpose =
       r >= 2 && r <= 3 && p.in_strides[r - 2] == 1 && p.in_strides[r - 1] == p.dims[r - 2] &&
       (r == 2 || p.in_strides[0] == p.dims[1] * p.dims[2]);
+  if (plain_copy) {  // only size-1 dimensions moved
+    copy_bytes(out.raw_data(), out.device(), x.raw_data(), x.device(), x.nbytes());
+    return out;
+  }
   dispatch_word(x.dtype(), "permute", [&](auto tag) {
     using W = decltype(tag);
     const W* in = static_cast<const W*>(x.raw_data());
     W* o = static_cast<W*>(out.raw_data());
-    if (plain_copy) {
-      copy_kernel<W>(x.device(), o, in, n);
-      return;
-    }
 #if defined(__CUDACC__)
     if (matrix_transpose && x.device().is_cuda()) {
       transpose_tiles<W>(x.device(), o, in, r == 3 ? p.dims[0] : 1, p.dims[r - 1], p.dims[r - 2]);

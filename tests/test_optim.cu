@@ -213,6 +213,30 @@ TEST(Optim, StepAllocatesNothing) {
   EXPECT_EQ(after.bytes_in_use, before.bytes_in_use);
 }
 
+// Where gradients stop, the state decays geometrically; it must reach exactly 0 rather than linger
+// in the (very slow on x86) subnormal range.
+TEST(Optim, DecayedStateIsFlushedNotSubnormal) {
+  for (DType t : {DType::float32, DType::float64}) {
+    Var p = param({1.0, -1.0, 0.5, 2.0}, Device::cpu(), t);
+    SGD sgd({p}, 1e-6, 0.9);
+    Adam adam({p}, 1e-6);
+    set_grad(p, {1e-3, -2.0, 1e-30, 5.0});
+    sgd.step();
+    adam.step();
+    set_grad(p, {0.0, 0.0, 0.0, 0.0});
+    const int steps = t == DType::float32 ? 1500 : 8000;  // 0.9^n and 0.999^n below the normal range
+    for (int s = 0; s < steps; ++s) {
+      sgd.step();
+      adam.step();
+    }
+    const double min_normal = t == DType::float32 ? 1.17549435e-38 : 2.2250738585072014e-308;
+    for (const Tensor* state : {&sgd.momentum_buffer(0), &adam.first_moment(0), &adam.second_moment(0)})
+      for (double v : state->to_vector<double>())
+        EXPECT_TRUE(v == 0.0 || std::abs(v) >= min_normal) << v << " is subnormal (" << dtype_name(t) << ")";
+    EXPECT_EQ(adam.first_moment(0).to_vector<double>(), std::vector<double>(4, 0.0));
+  }
+}
+
 // ---- devices: a quadratic, and agreement with the double reference -----------------------------
 
 class OptimDevices : public ::testing::TestWithParam<Device> {};

@@ -336,6 +336,37 @@ TEST_P(Reduce, BadAxesRaiseErrorsNamingOpAxisAndShapeAndTheNextOpWorks) {
   EXPECT_NEAR(sum(Tensor::ones({4, 6}, DType::float32, dev()), {0, 1}).item(), 24.0, 1e-6);
 }
 
+
+TEST_P(Reduce, BroadcastCopyMatchesNaiveIndexingForEveryPattern) {
+  std::vector<Pattern> pats = sum_to_patterns();
+  for (const Pattern& p : std::vector<Pattern>{{{1000, 1000}, {1000}},   {{1000, 1000}, {1000, 1}},
+                                               {{200000, 3}, {3}},       {{64, 512, 130}, {512, 1}},
+                                               {{7, 300, 5}, {7, 1, 5}}, {{3, 70000}, {3, 1}}})
+    pats.push_back(p);
+  std::uint64_t seed = 900;
+  for (const auto& p : pats) {
+    const Tensor g = Tensor::randn(p.target, dev(), seed++);
+    const Tensor out = detail::broadcast_copy(g, p.x, 2.0);
+    ASSERT_EQ(out.shape(), p.x);
+    const std::vector<double> gv = g.to_vector<double>(), ov = out.to_vector<double>();
+    // Naive: output element i reads the target element it broadcasts from.
+    const int offset = p.x.rank() - p.target.rank();
+    const Shape tstr = contiguous_strides(p.target);
+    std::int64_t bad = -1;
+    for (std::int64_t i = 0; i < p.x.numel() && bad < 0; ++i) {
+      std::int64_t rem = i, src = 0;
+      for (int d = p.x.rank() - 1; d >= 0; --d) {
+        const std::int64_t idx = rem % p.x[d];
+        rem /= p.x[d];
+        if (d >= offset && p.target[d - offset] != 1) src += idx * tstr[d - offset];
+      }
+      if (ov[static_cast<std::size_t>(i)] != 2.0 * static_cast<double>(static_cast<float>(gv[static_cast<std::size_t>(src)])))
+        bad = i;
+    }
+    EXPECT_EQ(bad, -1) << "broadcast_copy " << p.target.str() << " -> " << p.x.str();
+  }
+}
+
 // ---- gradients --------------------------------------------------------------------------------
 
 void expect_grad_ok(const GradCheckResult& r, const std::string& what) {
@@ -447,7 +478,6 @@ TEST(ReduceCuda, GpuReductionsEqualCpuOnSeededInputs) {
     const std::string what = p.x.str() + " -> " + p.target.str();
     expect_close(sum_to(xg, p.target).to_vector<double>(), sum_to(xc, p.target).to_vector<double>(),
                  kSameResultTolFloat, "sum_to " + what);
-    Shape keep;
     const int off = p.x.rank() - p.target.rank();
     std::vector<int> axes;
     for (int d = 0; d < p.x.rank(); ++d)

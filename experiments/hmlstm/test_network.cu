@@ -17,6 +17,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -424,6 +425,19 @@ TEST(Charlm, DISABLED_TrainingCurvesOfBothModesAgree) {
   std::printf("%s\n", cc.message.c_str());
   EXPECT_TRUE(cc.ok) << cc.message;
   EXPECT_LT(cc.mixed.valid_bpc.back(), cc.mixed.valid_bpc.front() - 1.0);
+}
+
+// Not run by default: writes workload e's validation directory (the driver's size, H=64 B=8 T=24) on
+// the GPU when there is one into $HMLSTM_VALDIR, for experiments/peers/peers.py --validate.
+TEST(Network, DISABLED_WriteValidationDirectory) {
+  const char* dir = std::getenv("HMLSTM_VALDIR");
+  if (!dir) GTEST_SKIP() << "set HMLSTM_VALDIR";
+  NetworkConfig cfg;
+  cfg.hidden = 64;
+  cfg.batch = 8;
+  cfg.seq = 24;
+  cfg.device = cuda_available() ? Device::cuda(0) : Device::cpu();
+  write_validation(dir, cfg);
 }
 
 TEST(Network, BadTokensAndConfigsAreErrors) {

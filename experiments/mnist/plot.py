@@ -51,6 +51,7 @@ def main(argv=None):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4.2))
     for i, path in enumerate(files):
@@ -64,6 +65,8 @@ def main(argv=None):
         ax_loss.plot(run["epoch"], run["test_loss"], ls="--", color=line.get_color(), label=f"{label} test")
         ax_acc.plot(run["epoch"], [100 * a for a in run["test_accuracy"]], marker="o", ms=3,
                     color=line.get_color(), label=label)
+    for ax in (ax_loss, ax_acc):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax_loss.set_xlabel("epoch")
     ax_loss.set_ylabel("cross-entropy")
     ax_loss.set_title("loss (solid: train mean over the epoch, dashed: test)")

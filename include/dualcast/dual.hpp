@@ -18,21 +18,6 @@
 
 #include "dualcast/config.hpp"
 
-/// Unrolls the loop that follows it: `#pragma unroll` in nvcc's device pass and under clang,
-/// `GCC unroll` under g++; nothing in nvcc's host pass (its front end rejects the GCC form and the host
-/// compiler the bare one; g++ -O2 unrolls these constant-trip loops anyway). Every loop over a dual's
-/// N partials carries it.
-#ifndef DUALCAST_UNROLL
-#if defined(__CUDA_ARCH__) || defined(__clang__)
-#define DUALCAST_UNROLL _Pragma("unroll")
-#elif defined(__CUDACC__)
-#define DUALCAST_UNROLL
-#elif defined(__GNUC__)
-#define DUALCAST_UNROLL _Pragma("GCC unroll 16")
-#else
-#define DUALCAST_UNROLL
-#endif
-#endif
 
 namespace dualcast {
 

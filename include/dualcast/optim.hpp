@@ -8,6 +8,10 @@
 // whose gradient does not exist (no backward reached them since zero_grad()) are skipped and their
 // state is left untouched (Adam keeps a step count per parameter, as PyTorch does).
 //
+// State values that decay below the smallest normal number (where gradients stay 0 for hundreds of
+// steps) are stored as 0: subnormal arithmetic is 15-20x slower on x86 CPUs. This changes results by
+// less than 1e-38 (float) and is done identically on the GPU.
+//
 // The update rules follow PyTorch's torch.optim (SGD without dampening or Nesterov; Adam with L2
 // weight decay added to the gradient), so results can be compared with it.
 #pragma once

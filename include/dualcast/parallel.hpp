@@ -37,6 +37,16 @@ inline constexpr bool is_device_only_lambda = __nv_is_extended_device_lambda_clo
 template <class F>
 inline constexpr bool is_device_only_lambda = false;
 #endif
+
+/// A body that cannot run on the host: a __device__ lambda itself, or a body that wraps one and says
+/// so with `static constexpr bool device_only = true`.
+template <class Body>
+concept declares_device_only = requires { Body::device_only; };
+template <class Body>
+constexpr bool body_is_device_only() {
+  if constexpr (declares_device_only<Body>) return Body::device_only || is_device_only_lambda<Body>;
+  else return is_device_only_lambda<Body>;
+}
 }  // namespace detail
 
 /// Below this many indices the CPU runs a loop on the calling thread: spawning work costs more.
@@ -52,7 +62,7 @@ void parallel_for(Device device, std::int64_t n, const Body& body,
                   std::int64_t cpu_grain = kCpuGrain) {
   if (n <= 0) return;
   if (device.is_cpu()) {
-    if constexpr (detail::is_device_only_lambda<Body>) {
+    if constexpr (detail::body_is_device_only<Body>()) {
       DUALCAST_FAIL("parallel_for: a __device__ lambda cannot run on the CPU; write the body as a "
                     "functor with a DUALCAST_HD operator() or as a DUALCAST_HD lambda");
     } else {
