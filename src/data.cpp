@@ -244,7 +244,9 @@ IdxArray parse_idx(const std::vector<std::uint8_t>& file_bytes, const std::strin
   }
 
   a.bytes.resize(static_cast<std::size_t>(data_bytes));
-  if (esize == 1) {
+  if (a.bytes.empty()) {
+    // Zero elements: nothing to copy (and memcpy must not see a null source).
+  } else if (esize == 1) {
     std::memcpy(a.bytes.data(), b.data() + header, a.bytes.size());
   } else {
     // Big-endian (file) to the host's order, element by element.
