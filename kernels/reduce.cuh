@@ -76,42 +76,31 @@ struct ReducePlan {
   /// Length of the innermost kept dimension (columns: outputs o..o+k in one run have adjacent bases).
   std::int64_t inner_kept_run = 1;
 
-  /// Input offset of the first element of output o.
-  [[nodiscard]] DUALCAST_HD DUALCAST_INLINE std::int64_t base(std::int64_t o) const {
-    if (kept_rank == 0) return 0;
-    if (kept_rank == 1) return o * kept_strides[0];
+  /// Offset of index i (0 <= i < product of dims[0..rank)) decomposed in row-major order over
+  /// dims[0..rank) with element strides `strides`: no division for rank 0 or 1.
+  [[nodiscard]] static DUALCAST_HD DUALCAST_INLINE std::int64_t radix_off(
+      std::int64_t i, const std::int64_t* dims, const std::int64_t* strides, int rank) {
+    if (rank == 1) return i * strides[0];
     std::int64_t off = 0;
-    for (int d = kept_rank - 1; d >= 0; --d) {
+    for (int d = rank - 1; d >= 0; --d) {
       std::int64_t q, r;
-      divmod_fast(o, kept_dims[d], q, r);
-      off += r * kept_strides[d];
-      o = q;
+      divmod_fast(i, dims[d], q, r);
+      off += r * strides[d];
+      i = q;
     }
     return off;
+  }
+  /// Input offset of the first element of output o.
+  [[nodiscard]] DUALCAST_HD DUALCAST_INLINE std::int64_t base(std::int64_t o) const {
+    return radix_off(o, kept_dims, kept_strides, kept_rank);
   }
   /// Offset of the outer reduced index q (all reduced dimensions but the innermost).
   [[nodiscard]] DUALCAST_HD DUALCAST_INLINE std::int64_t roff_outer(std::int64_t q) const {
-    std::int64_t off = 0;
-    for (int d = red_rank - 2; d >= 0; --d) {
-      std::int64_t qq, r;
-      divmod_fast(q, red_dims[d], qq, r);
-      off += r * red_strides[d];
-      q = qq;
-    }
-    return off;
+    return radix_off(q, red_dims, red_strides, red_rank - 1);
   }
   /// Offset of reduced element j relative to base(o).
   [[nodiscard]] DUALCAST_HD DUALCAST_INLINE std::int64_t roff(std::int64_t j) const {
-    if (red_rank == 0) return 0;
-    if (red_rank == 1) return j * red_strides[0];
-    std::int64_t off = 0;
-    for (int d = red_rank - 1; d >= 0; --d) {
-      std::int64_t q, r;
-      divmod_fast(j, red_dims[d], q, r);
-      off += r * red_strides[d];
-      j = q;
-    }
-    return off;
+    return radix_off(j, red_dims, red_strides, red_rank);
   }
 };
 
@@ -389,6 +378,55 @@ __device__ DUALCAST_INLINE Acc warp_reduce(Acc v, const Op& op) {
   return v;
 }
 
+/// One thread's share of output o in the kernels below: the reduced elements j, j + Step, ... below
+/// j1, in four independent accumulators, combined at the end. Where the reduced elements form one
+/// strided run (red_rank <= 1) Loads loads are in flight per thread (Loads = 8: eight at a time, then
+/// four; Loads = 4: four at a time), the rest go to a0. With two or more reduced dimensions a
+/// RedCursor computes Loads / 2 offsets first, then issues their loads; the rest go to the next
+/// accumulator the unrolled loop leaves unused (a0 when it uses all four).
+template <int Step, int Loads, class Acc, class Load, class Op>
+__device__ DUALCAST_INLINE Acc reduce_thread(const ReducePlan& p, const Load& load, const Op& op,
+                                             std::int64_t o, std::int64_t j, std::int64_t j1) {
+  static_assert(Loads == 8 || Loads == 4, "reduce_thread: Loads is 8 or 4");
+  const std::int64_t b = p.base(o);
+  Acc a[4] = {op.identity(), op.identity(), op.identity(), op.identity()};
+  if (p.red_rank <= 1) {
+    const std::int64_t rs = p.red_rank == 1 ? p.red_strides[0] : 0;
+    if constexpr (Loads == 8) {
+      for (; j + 7 * Step < j1; j += 8 * Step) {
+        Acc v[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) v[u] = load(o, b + (j + u * Step) * rs);
+#pragma unroll
+        for (int u = 0; u < 4; ++u) a[u] = op(op(a[u], v[u]), v[u + 4]);
+      }
+    }
+    for (; j + 3 * Step < j1; j += 4 * Step) {
+#pragma unroll
+      for (int u = 0; u < 4; ++u) a[u] = op(a[u], load(o, b + (j + u * Step) * rs));
+    }
+    for (; j < j1; j += Step) a[0] = op(a[0], load(o, b + j * rs));
+  } else if (j < j1) {
+    constexpr int kOffs = Loads / 2, kRest = kOffs % 4;
+    RedCursor cur(p, j);
+    for (; j + (kOffs - 1) * Step < j1; j += kOffs * Step) {
+      std::int64_t f[kOffs];
+#pragma unroll
+      for (int u = 0; u < kOffs; ++u) {
+        f[u] = cur.off(p);
+        cur.advance(p, Step);
+      }
+#pragma unroll
+      for (int u = 0; u < kOffs; ++u) a[u] = op(a[u], load(o, b + f[u]));
+    }
+    for (; j < j1; j += Step) {
+      a[kRest] = op(a[kRest], load(o, b + cur.off(p)));
+      cur.advance(p, Step);
+    }
+  }
+  return op(op(a[0], a[1]), op(a[2], a[3]));
+}
+
 /// Rows: a group of G threads (G = 32: one warp per row; G = kReduceBlock: one block per row) per
 /// (output, split); lanes stride over the reduced elements. blockIdx.y is the split; groups stride
 /// over outputs.
@@ -406,51 +444,7 @@ __global__ void __launch_bounds__(kReduceBlock)
   // For G = block the loop bound is uniform over the block, so the barriers below are too.
   for (std::int64_t o = static_cast<std::int64_t>(blockIdx.x) * kGroupsPerBlock + group;
        o < p.n_out; o += group_stride) {
-    const std::int64_t b = p.base(o);
-    Acc a0 = op.identity(), a1 = op.identity(), a2 = op.identity(), a3 = op.identity();
-    if (p.red_rank <= 1) {
-      const std::int64_t rs = p.red_rank == 1 ? p.red_strides[0] : 0;
-      std::int64_t j = j0 + lane;
-      for (; j + 7 * G < j1; j += 8 * G) {  // eight loads in flight per thread
-        const Acc v0 = load(o, b + j * rs), v1 = load(o, b + (j + G) * rs);
-        const Acc v2 = load(o, b + (j + 2 * G) * rs), v3 = load(o, b + (j + 3 * G) * rs);
-        const Acc v4 = load(o, b + (j + 4 * G) * rs), v5 = load(o, b + (j + 5 * G) * rs);
-        const Acc v6 = load(o, b + (j + 6 * G) * rs), v7 = load(o, b + (j + 7 * G) * rs);
-        a0 = op(op(a0, v0), v4);
-        a1 = op(op(a1, v1), v5);
-        a2 = op(op(a2, v2), v6);
-        a3 = op(op(a3, v3), v7);
-      }
-      for (; j + 3 * G < j1; j += 4 * G) {
-        a0 = op(a0, load(o, b + j * rs));
-        a1 = op(a1, load(o, b + (j + G) * rs));
-        a2 = op(a2, load(o, b + (j + 2 * G) * rs));
-        a3 = op(a3, load(o, b + (j + 3 * G) * rs));
-      }
-      for (; j < j1; j += G) a0 = op(a0, load(o, b + j * rs));
-    } else if (j0 + lane < j1) {
-      RedCursor cur(p, j0 + lane);
-      std::int64_t j = j0 + lane;
-      for (; j + 3 * G < j1; j += 4 * G) {  // offsets first, then four independent loads
-        const std::int64_t f0 = cur.off(p);
-        cur.advance(p, G);
-        const std::int64_t f1 = cur.off(p);
-        cur.advance(p, G);
-        const std::int64_t f2 = cur.off(p);
-        cur.advance(p, G);
-        const std::int64_t f3 = cur.off(p);
-        cur.advance(p, G);
-        a0 = op(a0, load(o, b + f0));
-        a1 = op(a1, load(o, b + f1));
-        a2 = op(a2, load(o, b + f2));
-        a3 = op(a3, load(o, b + f3));
-      }
-      for (; j < j1; j += G) {
-        a0 = op(a0, load(o, b + cur.off(p)));
-        cur.advance(p, G);
-      }
-    }
-    Acc a = warp_reduce(op(op(a0, a1), op(a2, a3)), op);
+    Acc a = warp_reduce(reduce_thread<G, 8, Acc>(p, load, op, o, j0 + lane, j1), op);
     if constexpr (G > 32) {
       const int warp = static_cast<int>(threadIdx.x) / 32;
       if (threadIdx.x % 32 == 0) warp_acc[warp] = a;
@@ -486,34 +480,8 @@ __global__ void __launch_bounds__(kReduceBlock)
   for (std::int64_t o0 = static_cast<std::int64_t>(blockIdx.x) * kCols; o0 < p.n_out;
        o0 += o_stride) {
     const std::int64_t o = o0 + tx;
-    Acc a0 = op.identity(), a1 = op.identity(), a2 = op.identity(), a3 = op.identity();
-    if (o < p.n_out) {
-      const std::int64_t b = p.base(o);
-      if (p.red_rank <= 1) {
-        const std::int64_t rs = p.red_rank == 1 ? p.red_strides[0] : 0;
-        std::int64_t j = j0 + ty;
-        for (; j + 3 * R < j1; j += 4 * R) {  // four loads in flight per thread
-          a0 = op(a0, load(o, b + j * rs));
-          a1 = op(a1, load(o, b + (j + R) * rs));
-          a2 = op(a2, load(o, b + (j + 2 * R) * rs));
-          a3 = op(a3, load(o, b + (j + 3 * R) * rs));
-        }
-        for (; j < j1; j += R) a0 = op(a0, load(o, b + j * rs));
-      } else if (j0 + ty < j1) {
-        RedCursor cur(p, j0 + ty);
-        std::int64_t j = j0 + ty;
-        for (; j + R < j1; j += 2 * R) {
-          const std::int64_t f0 = cur.off(p);
-          cur.advance(p, R);
-          const std::int64_t f1 = cur.off(p);
-          cur.advance(p, R);
-          a0 = op(a0, load(o, b + f0));
-          a1 = op(a1, load(o, b + f1));
-        }
-        if (j < j1) a2 = op(a2, load(o, b + cur.off(p)));
-      }
-    }
-    Acc a = op(op(a0, a1), op(a2, a3));
+    // (a thread past the last output only takes part in the barriers; its value is never used)
+    Acc a = o < p.n_out ? reduce_thread<R, 4, Acc>(p, load, op, o, j0 + ty, j1) : op.identity();
     if constexpr (R > 1) {
       sh[ty][tx] = a;
       __syncthreads();

@@ -274,21 +274,27 @@ Dataset Dataset::to(Device device) const {
   return d;
 }
 
+namespace {
+
+/// Reads one file of an MNIST-style pair (`what`: "images" or "labels") and checks that it holds
+/// ubyte elements of the given rank (`dims` names the expected dimensions in the error).
+IdxArray read_mnist_file(const std::string& path, const char* what, int rank, const char* dims) {
+  IdxArray a = read_idx(path);
+  DUALCAST_CHECK(a.type == IdxType::u8, "load: ", what, " file '", path, "' holds ",
+                 idx_type_name(a.type), " elements (type code ", hex(static_cast<int>(a.type), 2),
+                 "); MNIST-style ", what, " are ubyte (0x08)");
+  DUALCAST_CHECK(a.rank() == rank, "load: ", what, " file '", path, "' has rank ", a.rank(),
+                 " (dims ", dims_str(a.dims), "); expected rank ", rank, " ", dims);
+  return a;
+}
+
+}  // namespace
+
 Dataset load_idx_pair(const std::string& images_path, const std::string& labels_path) {
-  const IdxArray img = read_idx(images_path);
-  DUALCAST_CHECK(img.type == IdxType::u8, "load: images file '", images_path, "' holds ",
-                 idx_type_name(img.type), " elements (type code ", hex(static_cast<int>(img.type), 2),
-                 "); MNIST-style images are ubyte (0x08)");
-  DUALCAST_CHECK(img.rank() == 3, "load: images file '", images_path, "' has rank ", img.rank(),
-                 " (dims ", dims_str(img.dims), "); expected rank 3 [N, 28, 28]");
+  const IdxArray img = read_mnist_file(images_path, "images", 3, "[N, 28, 28]");
   DUALCAST_CHECK(img.dims[1] == 28 && img.dims[2] == 28, "load: images file '", images_path,
                  "' holds images of ", img.dims[1], "x", img.dims[2], " pixels; expected 28x28");
-  const IdxArray lab = read_idx(labels_path);
-  DUALCAST_CHECK(lab.type == IdxType::u8, "load: labels file '", labels_path, "' holds ",
-                 idx_type_name(lab.type), " elements (type code ", hex(static_cast<int>(lab.type), 2),
-                 "); MNIST-style labels are ubyte (0x08)");
-  DUALCAST_CHECK(lab.rank() == 1, "load: labels file '", labels_path, "' has rank ", lab.rank(),
-                 " (dims ", dims_str(lab.dims), "); expected rank 1 [N]");
+  const IdxArray lab = read_mnist_file(labels_path, "labels", 1, "[N]");
   const std::int64_t n = img.dims[0];
   DUALCAST_CHECK(lab.dims[0] == n, "load: image count ", n, " in '", images_path,
                  "' does not match label count ", lab.dims[0], " in '", labels_path, "'");

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "dualcast/error.hpp"
@@ -388,35 +389,59 @@ struct PieceTable {
   int count = 0;
   Ptr ptr[kMaxPieces] = {};
   std::int64_t begin[kMaxPieces + 1] = {};
+
+  /// The piece p holding column c (begin[0] <= c < begin[count]); `at` is the offset of element
+  /// (o, c) in that piece.
+  DUALCAST_HD DUALCAST_INLINE int locate(std::int64_t o, std::int64_t c, std::int64_t& at) const {
+    int p = 0;
+    while (p + 1 < count && c >= begin[p + 1]) ++p;
+    at = o * (begin[p + 1] - begin[p]) + (c - begin[p]);
+    return p;
+  }
 };
 
-template <class W>
-void concat_kernel(Device d, W* out, std::int64_t outer, std::int64_t row, PieceTable<const W*> t) {
-  const std::int64_t c0 = t.begin[0], width = t.begin[t.count] - c0;
-  if (width == 0) return;
-  parallel_for(d, outer * width, [=] DUALCAST_HD(std::int64_t i) {
-    const std::int64_t o = i / width;
-    const std::int64_t c = c0 + (i - o * width);
-    int p = 0;
-    while (p + 1 < t.count && c >= t.begin[p + 1]) ++p;
-    const std::int64_t w = t.begin[p + 1] - t.begin[p];
-    const W* src = t.ptr[p];
-    out[o * row + c] = src != nullptr ? src[o * w + (c - t.begin[p])] : W(0);
-  });
+/// For the n pieces of a tensor of shape `shape` along `axis` (the tensor viewed as [outer, row]),
+/// calls launch(t, outer, row) for tables of at most kMaxPieces pieces, in order: ptr_of(k) is
+/// piece k's pointer (null: zeros for concat, not wanted for split), sizes[k] its extent along the
+/// axis.
+template <class Ptr, class PtrOf, class Launch>
+void for_piece_tables(const Shape& shape, int axis, std::size_t n,
+                      const std::vector<std::int64_t>& sizes, const PtrOf& ptr_of,
+                      const Launch& launch) {
+  const std::int64_t inner = product(shape, axis + 1, shape.rank());
+  const std::int64_t outer = product(shape, 0, axis);
+  const std::int64_t row = shape[axis] * inner;
+  std::int64_t col = 0;
+  for (std::size_t first = 0; first < n; first += kMaxPieces) {
+    PieceTable<Ptr> t;
+    t.count = static_cast<int>(std::min<std::size_t>(kMaxPieces, n - first));
+    t.begin[0] = col;
+    for (int p = 0; p < t.count; ++p) {
+      const std::size_t k = first + static_cast<std::size_t>(p);
+      t.ptr[p] = ptr_of(k);
+      col += sizes[k] * inner;
+      t.begin[p + 1] = col;
+    }
+    launch(t, outer, row);
+  }
 }
 
-template <class W>
-void split_kernel(Device d, const W* in, std::int64_t outer, std::int64_t row, PieceTable<W*> t) {
+/// Copies between `whole`, viewed as [outer, row], and the table's pieces (its columns [begin[0],
+/// begin[count])): Concat: into `whole` from the pieces (zeros for a null one); else from `whole`
+/// into the non-null pieces.
+template <bool Concat, class W>
+void pieces_kernel(Device d, std::conditional_t<Concat, W*, const W*> whole, std::int64_t outer,
+                   std::int64_t row, PieceTable<std::conditional_t<Concat, const W*, W*>> t) {
   const std::int64_t c0 = t.begin[0], width = t.begin[t.count] - c0;
   if (width == 0) return;
   parallel_for(d, outer * width, [=] DUALCAST_HD(std::int64_t i) {
     const std::int64_t o = i / width;
     const std::int64_t c = c0 + (i - o * width);
-    int p = 0;
-    while (p + 1 < t.count && c >= t.begin[p + 1]) ++p;
-    const std::int64_t w = t.begin[p + 1] - t.begin[p];
-    W* dst = t.ptr[p];
-    if (dst != nullptr) dst[o * w + (c - t.begin[p])] = in[o * row + c];
+    std::int64_t at;
+    const auto piece = t.ptr[t.locate(o, c, at)];
+    const auto elem = whole + (o * row + c);  // (nvcc: no first capture inside `if constexpr`)
+    if constexpr (Concat) *elem = piece != nullptr ? piece[at] : W(0);
+    else if (piece != nullptr) piece[at] = *elem;
   });
 }
 
@@ -425,24 +450,17 @@ void split_kernel(Device d, const W* in, std::int64_t outer, std::int64_t row, P
 void concat_into(Tensor& out, int axis, const std::vector<const Tensor*>& pieces,
                  const std::vector<std::int64_t>& sizes) {
   if (out.numel() == 0) return;
-  const std::int64_t inner = product(out.shape(), axis + 1, out.rank());
-  const std::int64_t outer = product(out.shape(), 0, axis);
-  const std::int64_t row = out.shape()[axis] * inner;
   dispatch_word(out.dtype(), "concat", [&](auto tag) {
     using W = decltype(tag);
-    std::int64_t col = 0;
-    for (std::size_t first = 0; first < pieces.size(); first += kMaxPieces) {
-      PieceTable<const W*> t;
-      t.count = static_cast<int>(std::min<std::size_t>(kMaxPieces, pieces.size() - first));
-      t.begin[0] = col;
-      for (int p = 0; p < t.count; ++p) {
-        const Tensor* src = pieces[first + static_cast<std::size_t>(p)];
-        t.ptr[p] = src != nullptr && src->defined() ? static_cast<const W*>(src->raw_data()) : nullptr;
-        col += sizes[first + static_cast<std::size_t>(p)] * inner;
-        t.begin[p + 1] = col;
-      }
-      concat_kernel<W>(out.device(), static_cast<W*>(out.raw_data()), outer, row, t);
-    }
+    for_piece_tables<const W*>(
+        out.shape(), axis, pieces.size(), sizes,
+        [&](std::size_t k) -> const W* {
+          const Tensor* src = pieces[k];
+          return src != nullptr && src->defined() ? static_cast<const W*>(src->raw_data()) : nullptr;
+        },
+        [&](const PieceTable<const W*>& t, std::int64_t outer, std::int64_t row) {
+          pieces_kernel<true, W>(out.device(), static_cast<W*>(out.raw_data()), outer, row, t);
+        });
   });
 }
 
@@ -451,27 +469,20 @@ void concat_into(Tensor& out, int axis, const std::vector<const Tensor*>& pieces
 void split_into(const Tensor& in, int axis, std::vector<Tensor>& outs,
                 const std::vector<std::int64_t>& sizes) {
   if (in.numel() == 0) return;
-  const std::int64_t inner = product(in.shape(), axis + 1, in.rank());
-  const std::int64_t outer = product(in.shape(), 0, axis);
-  const std::int64_t row = in.shape()[axis] * inner;
   dispatch_word(in.dtype(), "split", [&](auto tag) {
     using W = decltype(tag);
-    std::int64_t col = 0;
-    for (std::size_t first = 0; first < outs.size(); first += kMaxPieces) {
-      PieceTable<W*> t;
-      t.count = static_cast<int>(std::min<std::size_t>(kMaxPieces, outs.size() - first));
-      t.begin[0] = col;
-      bool any = false;
-      for (int p = 0; p < t.count; ++p) {
-        Tensor& dst = outs[first + static_cast<std::size_t>(p)];
-        const bool use = dst.defined() && dst.numel() > 0;
-        t.ptr[p] = use ? static_cast<W*>(dst.raw_data()) : nullptr;
-        any = any || use;
-        col += sizes[first + static_cast<std::size_t>(p)] * inner;
-        t.begin[p + 1] = col;
-      }
-      if (any) split_kernel<W>(in.device(), static_cast<const W*>(in.raw_data()), outer, row, t);
-    }
+    for_piece_tables<W*>(
+        in.shape(), axis, outs.size(), sizes,
+        [&](std::size_t k) -> W* {
+          Tensor& dst = outs[k];
+          return dst.defined() && dst.numel() > 0 ? static_cast<W*>(dst.raw_data()) : nullptr;
+        },
+        [&](const PieceTable<W*>& t, std::int64_t outer, std::int64_t row) {
+          bool any = false;  // a table of unwanted pieces launches nothing
+          for (int p = 0; p < t.count; ++p) any = any || t.ptr[p] != nullptr;
+          if (any)
+            pieces_kernel<false, W>(in.device(), static_cast<const W*>(in.raw_data()), outer, row, t);
+        });
   });
 }
 

@@ -92,6 +92,16 @@ inline double now_ms() {
   return std::chrono::duration<double, std::milli>(clock::now().time_since_epoch()).count();
 }
 
+/// prepare(r) then step(r) for r = 0 .. n-1, untimed and with no synchronisation (the warm-up, and the
+/// back-to-back pipelined runs).
+template <class Prepare, class Step>
+void run_steps(Prepare&& prepare, Step&& step, int n) {
+  for (int r = 0; r < n; ++r) {
+    prepare(r);
+    step(r);
+  }
+}
+
 /// Times step(rep) with the host clock: `warmup` untimed calls, then `reps` timed ones, each
 /// preceded by prepare(rep) (untimed; e.g. zero_grad) and followed by sync() (inside the timing).
 template <class Prepare, class Step, class Sync>
@@ -99,10 +109,7 @@ StepTimes time_steps_wall(Prepare&& prepare, Step&& step, Sync&& sync, int warmu
   StepTimes out;
   out.warmup = warmup;
   out.reps = reps;
-  for (int r = 0; r < warmup; ++r) {
-    prepare(r);
-    step(r);
-  }
+  run_steps(prepare, step, warmup);
   sync();
   std::vector<double> wall;
   wall.reserve(static_cast<std::size_t>(reps));
@@ -116,10 +123,7 @@ StepTimes time_steps_wall(Prepare&& prepare, Step&& step, Sync&& sync, int warmu
   }
   out.wall_ms = summarize(std::move(wall));
   const double t0 = now_ms();
-  for (int r = 0; r < reps; ++r) {
-    prepare(r);
-    step(r);
-  }
+  run_steps(prepare, step, reps);
   sync();
   out.pipelined_ms = (now_ms() - t0) / std::max(1, reps);
   return out;
@@ -263,10 +267,7 @@ StepTimes time_steps_cuda(Prepare&& prepare, Step&& step, int warmup, int reps,
   StepTimes out;
   out.warmup = warmup;
   out.reps = reps;
-  for (int r = 0; r < warmup; ++r) {
-    prepare(r);
-    step(r);
-  }
+  run_steps(prepare, step, warmup);
   DCEXP_CUDA(cudaDeviceSynchronize());
   DCEXP_CUDA(cudaGetLastError());
   EventPair ev;
@@ -289,10 +290,7 @@ StepTimes time_steps_cuda(Prepare&& prepare, Step&& step, int warmup, int reps,
   out.wall_ms = summarize(std::move(wall));
   DCEXP_CUDA(cudaDeviceSynchronize());
   DCEXP_CUDA(cudaEventRecord(ev.start, stream));
-  for (int r = 0; r < reps; ++r) {
-    prepare(r);
-    step(r);
-  }
+  run_steps(prepare, step, reps);
   DCEXP_CUDA(cudaEventRecord(ev.stop, stream));
   out.pipelined_ms = ev.elapsed_ms() / std::max(1, reps);
   DCEXP_CUDA(cudaGetLastError());

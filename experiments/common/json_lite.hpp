@@ -1,12 +1,14 @@
 // json_lite.hpp: a small JSON value (null, bool, number, string, array, object) with a strict parser
 // and a writer, enough for the experiments' result files and for reading the peers' records.
-// Header-only; no dependencies. Non-finite numbers are written as null (strict JSON).
+// Header-only; no dependencies. Non-finite numbers are written as null (strict JSON), except a number
+// made with raw_number (or parsed with keep_number_text), which is written exactly as its text.
 #pragma once
 
 #include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -41,6 +43,14 @@ class Value {
   static Value object() {
     Value v;
     v.kind_ = Kind::object;
+    return v;
+  }
+  /// A number written exactly as `text` (a JSON number, or NaN / Infinity / -Infinity as Python's
+  /// json module writes them): for values that must keep every digit, or a number read from a file
+  /// and written back unchanged. Its value is strtod(text).
+  static Value raw_number(std::string text) {
+    Value v(std::strtod(text.c_str(), nullptr));
+    v.text_ = std::move(text);
     return v;
   }
 
@@ -98,7 +108,10 @@ class Value {
     switch (kind_) {
       case Kind::null: os << "null"; break;
       case Kind::boolean: os << (b_ ? "true" : "false"); break;
-      case Kind::number: write_number(os, d_); break;
+      case Kind::number:
+        if (text_.empty()) write_number(os, d_);
+        else os << text_;
+        break;
       case Kind::string: write_string(os, s_); break;
       case Kind::array: {
         if (a_.empty()) {
@@ -184,6 +197,7 @@ class Value {
   Kind kind_ = Kind::null;
   bool b_ = false;
   double d_ = 0;
+  std::string text_;  // number: what is written for it (empty: formatted from d_)
   std::string s_;
   std::vector<Value> a_;
   std::vector<std::pair<std::string, Value>> o_;
@@ -193,7 +207,10 @@ class Value {
 
 class Parser {
  public:
-  explicit Parser(const std::string& text) : t_(text) {}
+  /// keep_number_text: every number keeps its source text (Value::raw_number), so a file read and
+  /// written back keeps its numbers exactly as they were (NaN and Infinity included).
+  explicit Parser(const std::string& text, bool keep_number_text = false)
+      : t_(text), keep_number_text_(keep_number_text) {}
   Value parse() {
     Value v = value();
     ws();
@@ -226,9 +243,10 @@ class Parser {
     if (lit("true")) return Value(true);
     if (lit("false")) return Value(false);
     if (lit("null")) return Value();
-    if (lit("NaN")) return Value(NAN);  // Python's json.dump default; accepted when reading
-    if (lit("Infinity")) return Value(INFINITY);
-    if (lit("-Infinity")) return Value(-INFINITY);
+    // Python's json.dump default; accepted when reading
+    if (lit("NaN")) return keep_number_text_ ? Value::raw_number("NaN") : Value(NAN);
+    if (lit("Infinity")) return keep_number_text_ ? Value::raw_number("Infinity") : Value(INFINITY);
+    if (lit("-Infinity")) return keep_number_text_ ? Value::raw_number("-Infinity") : Value(-INFINITY);
     return number();
   }
   Value number() {
@@ -242,7 +260,7 @@ class Parser {
     char* end = nullptr;
     const double d = std::strtod(s.c_str(), &end);
     if (end != s.c_str() + s.size()) fail("bad number '" + s + "'");
-    return Value(d);
+    return keep_number_text_ ? Value::raw_number(s) : Value(d);
   }
   std::string string() {
     ++p_;  // opening quote
@@ -351,17 +369,20 @@ class Parser {
     }
   }
   const std::string& t_;
+  bool keep_number_text_ = false;
   std::size_t p_ = 0;
 };
 
-inline Value parse(const std::string& text) { return Parser(text).parse(); }
+inline Value parse(const std::string& text, bool keep_number_text = false) {
+  return Parser(text, keep_number_text).parse();
+}
 
-inline Value parse_file(const std::string& path) {
+inline Value parse_file(const std::string& path, bool keep_number_text = false) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::runtime_error("cannot open " + path);
   std::ostringstream ss;
   ss << in.rdbuf();
-  return parse(ss.str());
+  return parse(ss.str(), keep_number_text);
 }
 
 inline void write_file(const std::string& path, const Value& v) {

@@ -86,7 +86,11 @@ Options:
                            hmlstm::write_validation at H=64 B=8 T=24)
   --peers                  run experiments/peers/peers.py (python3) on the same shapes and add its
                            numbers to the table (validated against --validate-dir, or OUT/validate)
-  --peer-methods LIST      peers' methods (default eager,compile,jax; numpy = CPU test double)
+  --peer-methods LIST      peers' methods, each run in its own python process in this order
+                           (default eager,jax,compile; numpy = CPU test double)
+  --peer-budget S          seconds the peers may take all together (default: no limit); a
+                           measurement that would start later is recorded as skipped, so a run
+                           under a hard wall-clock limit keeps what it measured
   --python PATH            interpreter for the peers (default: the first of python3,
                            /usr/bin/python3 that has numpy)
   --help                   this text
@@ -108,7 +112,9 @@ struct Options {
   std::string out = "results/hmlstm";
   std::string validate_dir;
   bool peers = false;
-  std::string peer_methods = "eager,compile,jax";
+  // torch.compile last: its per-shape compilation is the slowest part of the peers
+  std::string peer_methods = "eager,jax,compile";
+  double peer_budget_s = 0;  // 0: no limit
   std::string python;
 };
 
@@ -215,6 +221,12 @@ Options parse_args(int argc, char** argv) {
       for (const auto& m : split_csv(o.peer_methods))
         if (!known.count(m)) usage_error("--peer-methods: unknown method '" + m + "' (eager, compile, jax, jax_remat, numpy)");
       if (split_csv(o.peer_methods).empty()) usage_error("--peer-methods: empty list");
+    } else if (a == "--peer-budget") {
+      const std::string v = value();
+      char* end = nullptr;
+      o.peer_budget_s = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end != '\0' || !(o.peer_budget_s > 0) || !std::isfinite(o.peer_budget_s))
+        usage_error("--peer-budget: expected a positive number of seconds, got '" + v + "'");
     } else if (a == "--python") {
       o.python = value();
     } else {
@@ -650,6 +662,9 @@ int run(const Options& opt_in) {
       training["reverse"] = log_json(cc.reverse);
       training["max_abs_diff_bpc"] = cc.max_abs_diff_bpc;
       training["tolerance_bpc"] = cc.tolerance;
+      training["parted_at_step"] = cc.parted_at_step;
+      training["max_rel_diff_after_parting"] = cc.max_rel_diff_after;
+      training["drift_rtol"] = cc.drift_rtol;
       training["curves_agree"] = cc.ok;
       training["message"] = cc.message;
       auto falling = [](const hmlstm::TrainLog& l) {
@@ -733,17 +748,28 @@ int run(const Options& opt_in) {
       for (auto& w : pw) wl += (wl.empty() ? "" : ",") + w;
       const std::string pout = o.out + "/peers.json";
       std::remove(pout.c_str());
-      std::string cmd = shell_quote(py) + " " + shell_quote(std::string(DCEXP_SOURCE_DIR) + "/experiments/peers/peers.py") +
-                        " --workloads " + wl + " --dims " + dims + " --methods " + o.peer_methods + " --reps " +
-                        std::to_string(std::min(o.reps, 100)) + " --out " + shell_quote(pout) +
-                        " --e-hidden " + std::to_string(o.e_hidden) + " --e-batch " + std::to_string(o.e_batch) +
-                        " --e-seq " + std::to_string(std::max(1, o.e_seq)) + " --e-vocab 64";
-      if (!valdir.empty()) cmd += " --validate " + shell_quote(valdir);
-      if (!gpu) cmd += " --allow-cpu";
-      cmd += " 1>&2";
-      log_line("[peers] " + cmd + " (" + elapsed() + ")");
-      const int rc = std::system(cmd.c_str());
-      if (rc != 0) log_line("[peers] peers.py exited with status " + std::to_string(rc));
+      // One process per method (appending to one file): each framework starts with the whole GPU,
+      // and a crash in one cannot take the others' records with it.
+      const double peers_start = dcexp::now_ms();
+      for (const auto& method : split_csv(o.peer_methods)) {
+        std::string cmd = shell_quote(py) + " " +
+                          shell_quote(std::string(DCEXP_SOURCE_DIR) + "/experiments/peers/peers.py") +
+                          " --append --workloads " + wl + " --dims " + dims + " --methods " + method +
+                          " --reps " + std::to_string(std::min(o.reps, 100)) + " --out " + shell_quote(pout) +
+                          " --e-reps " + std::to_string(o.e_reps) + " --e-warmup " + std::to_string(std::min(o.warmup, 5)) +
+                          " --e-hidden " + std::to_string(o.e_hidden) + " --e-batch " + std::to_string(o.e_batch) +
+                          " --e-seq " + std::to_string(std::max(1, o.e_seq)) + " --e-vocab 64";
+        if (o.peer_budget_s > 0) {
+          const double left = o.peer_budget_s - (dcexp::now_ms() - peers_start) / 1000;
+          cmd += fmt(" --time-budget %.3f", std::max(left, 0.001));
+        }
+        if (!valdir.empty()) cmd += " --validate " + shell_quote(valdir);
+        if (!gpu) cmd += " --allow-cpu";
+        cmd += " 1>&2";
+        log_line("[peers] " + cmd + " (" + elapsed() + ")");
+        const int rc = std::system(cmd.c_str());
+        if (rc != 0) log_line("[peers] peers.py (" + method + ") exited with status " + std::to_string(rc));
+      }
       try {
         peers_json = dcexp::json::parse_file(pout);
       } catch (const std::exception& e) {

@@ -5,7 +5,6 @@
 #include "network.hpp"
 
 #include <algorithm>
-#include <cctype>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -27,6 +26,8 @@
 #include "dualcast/ops/shape.hpp"
 #include "dualcast/random.hpp"
 
+#include "../common/json_lite.hpp"
+
 #if defined(__CUDACC__)
 #include <cuda_runtime_api.h>
 #endif
@@ -34,6 +35,7 @@
 namespace hmlstm {
 
 using namespace dualcast;
+namespace json = dcexp::json;
 
 // =================================================================================================
 // The elementwise step, reverse mode: the same math in select form on Vars (one kernel and one tape
@@ -42,13 +44,7 @@ using namespace dualcast;
 
 std::pair<Var, Var> reverse_cell(const Tensor& zflag, const Tensor& zbflag, const Var& c, const Var& h,
                                  const Var& f, const Var& i, const Var& o, const Var& g) {
-  const Var ig = sigmoid(i) * tanh(g);
-  const Tensor flush = zflag == 1.0;
-  const Tensor keep = zbflag == 0.0;
-  const Var c_new = select(flush, ig, select(keep, c, sigmoid(f) * c + ig));
-  const Var h_cand = sigmoid(o) * tanh(c_new);
-  const Var h_new = select(flush, h_cand, select(keep, h, h_cand));
-  return {c_new, h_new};
+  return HmCellSelect{}(zflag, zbflag, c, h, f, i, o, g);
 }
 
 Var reverse_boundary(const Var& sz, double a, bool soft) {
@@ -448,190 +444,15 @@ StepTiming time_training_step(const NetworkConfig& config, int warmup, int reps)
 
 namespace {
 
-/// A minimal JSON value, enough to read and rewrite manifest.json without losing entries. Numbers
-/// keep their source text, so unchanged entries are written back exactly.
-struct Json {
-  enum Kind { null, boolean, number, string, array, object } kind = null;
-  std::string text;  // number: its text; string: the decoded value; boolean: "true"/"false"
-  std::vector<Json> items;
-  std::vector<std::pair<std::string, Json>> members;
-
-  Json* find(const std::string& key) {
-    for (auto& [k, v] : members)
-      if (k == key) return &v;
-    return nullptr;
-  }
-  Json& member(const std::string& key) {
-    if (Json* v = find(key)) return *v;
-    members.emplace_back(key, Json{});
-    return members.back().second;
-  }
-  static Json num(const std::string& t) { Json j; j.kind = number; j.text = t; return j; }
-  static Json str(const std::string& t) { Json j; j.kind = string; j.text = t; return j; }
-  static Json obj() { Json j; j.kind = object; return j; }
-  static Json arr() { Json j; j.kind = array; return j; }
-};
-
-class JsonParser {
- public:
-  JsonParser(const std::string& text, const std::string& where) : s_(text), where_(where) {}
-  Json parse() {
-    Json v = value();
-    ws();
-    if (p_ != s_.size()) fail("trailing characters");
-    return v;
-  }
-
- private:
-  [[noreturn]] void fail(const char* what) {
-    DUALCAST_FAIL(where_, ": cannot parse JSON (", what, " at offset ", p_, ")");
-  }
-  void ws() {
-    while (p_ < s_.size() && (s_[p_] == ' ' || s_[p_] == '\n' || s_[p_] == '\r' || s_[p_] == '\t')) ++p_;
-  }
-  bool eat(char c) {
-    ws();
-    if (p_ < s_.size() && s_[p_] == c) { ++p_; return true; }
-    return false;
-  }
-  void expect(char c) {
-    if (!eat(c)) fail("unexpected character");
-  }
-  std::string string_lit() {
-    expect('"');
-    std::string out;
-    while (true) {
-      if (p_ >= s_.size()) fail("unterminated string");
-      const char c = s_[p_++];
-      if (c == '"') break;
-      if (c != '\\') { out += c; continue; }
-      if (p_ >= s_.size()) fail("bad escape");
-      const char e = s_[p_++];
-      switch (e) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
-        case 'u': {
-          if (p_ + 4 > s_.size()) fail("bad \\u escape");
-          const unsigned cp = static_cast<unsigned>(std::stoul(s_.substr(p_, 4), nullptr, 16));
-          p_ += 4;
-          if (cp < 0x80) out += static_cast<char>(cp);
-          else if (cp < 0x800) { out += static_cast<char>(0xC0 | (cp >> 6)); out += static_cast<char>(0x80 | (cp & 0x3F)); }
-          else { out += static_cast<char>(0xE0 | (cp >> 12)); out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F)); out += static_cast<char>(0x80 | (cp & 0x3F)); }
-          break;
-        }
-        default: fail("bad escape");
-      }
-    }
-    return out;
-  }
-  Json value() {
-    ws();
-    if (p_ >= s_.size()) fail("unexpected end");
-    const char c = s_[p_];
-    if (c == '{') {
-      ++p_;
-      Json o = Json::obj();
-      if (eat('}')) return o;
-      do {
-        ws();
-        std::string k = string_lit();
-        expect(':');
-        o.members.emplace_back(std::move(k), value());
-      } while (eat(','));
-      expect('}');
-      return o;
-    }
-    if (c == '[') {
-      ++p_;
-      Json a = Json::arr();
-      if (eat(']')) return a;
-      do a.items.push_back(value());
-      while (eat(','));
-      expect(']');
-      return a;
-    }
-    if (c == '"') return Json::str(string_lit());
-    for (const char* lit : {"true", "false", "null", "NaN", "Infinity", "-Infinity"}) {
-      const std::string l(lit);
-      if (s_.compare(p_, l.size(), l) == 0) {
-        p_ += l.size();
-        Json j;
-        if (l == "true" || l == "false") { j.kind = Json::boolean; j.text = l; }
-        else if (l != "null") { j.kind = Json::number; j.text = l; }
-        return j;
-      }
-    }
-    const std::size_t start = p_;
-    while (p_ < s_.size() && (std::isdigit(static_cast<unsigned char>(s_[p_])) || s_[p_] == '-' ||
-                              s_[p_] == '+' || s_[p_] == '.' || s_[p_] == 'e' || s_[p_] == 'E'))
-      ++p_;
-    if (p_ == start) fail("unexpected character");
-    return Json::num(s_.substr(start, p_ - start));
-  }
-
-  const std::string& s_;
-  std::string where_;
-  std::size_t p_ = 0;
-};
-
-void write_json(std::ostream& os, const Json& j, int indent) {
-  const std::string pad(static_cast<std::size_t>(indent), ' ');
-  switch (j.kind) {
-    case Json::null: os << "null"; break;
-    case Json::boolean:
-    case Json::number: os << j.text; break;
-    case Json::string: {
-      os << '"';
-      for (const char c : j.text) {
-        if (c == '"' || c == '\\') os << '\\' << c;
-        else if (c == '\n') os << "\\n";
-        else if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(c));
-          os << buf;
-        } else os << c;
-      }
-      os << '"';
-      break;
-    }
-    case Json::array: {
-      os << '[';
-      for (std::size_t k = 0; k < j.items.size(); ++k) {
-        if (k) os << ", ";
-        write_json(os, j.items[k], indent);
-      }
-      os << ']';
-      break;
-    }
-    case Json::object: {
-      if (j.members.empty()) { os << "{}"; break; }
-      os << "{\n";
-      for (std::size_t k = 0; k < j.members.size(); ++k) {
-        os << pad << ' ';
-        write_json(os, Json::str(j.members[k].first), 0);
-        os << ": ";
-        write_json(os, j.members[k].second, indent + 1);
-        os << (k + 1 < j.members.size() ? ",\n" : "\n");
-      }
-      os << pad << '}';
-      break;
-    }
-  }
-}
-
-std::string fmt_double(double v) {
-  if (!std::isfinite(v)) return "NaN";  // Python's json reads NaN (valdir turns it into a failure)
+/// v with every digit (%.17g; ".0" added to a whole number, like Python's repr of a float); NaN for a
+/// non-finite value (Python's json reads it; valdir turns it into a failure).
+json::Value exact_number(double v) {
+  if (!std::isfinite(v)) return json::Value::raw_number("NaN");
   char buf[40];
   std::snprintf(buf, sizeof buf, "%.17g", v);
   std::string s(buf);
   if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
-  return s;
+  return json::Value::raw_number(s);
 }
 
 template <class T>
@@ -642,9 +463,9 @@ void write_raw(const std::filesystem::path& file, const std::vector<T>& data) {
   DUALCAST_CHECK(out.good(), "write_validation: writing ", file.string(), " failed");
 }
 
-Json shape_json(const Shape& s) {
-  Json a = Json::arr();
-  for (int d = 0; d < s.rank(); ++d) a.items.push_back(Json::num(std::to_string(s[d])));
+json::Value shape_json(const Shape& s) {
+  json::Value a = json::Value::array();
+  for (int d = 0; d < s.rank(); ++d) a.push_back(json::Value::raw_number(std::to_string(s[d])));
   return a;
 }
 
@@ -684,28 +505,31 @@ void write_validation(const std::string& dir, const NetworkConfig& config) {
   loss.backward();
   const double loss_value = loss.item();
 
-  Json manifest = Json::obj();
+  // An existing manifest is merged: its numbers keep their text, so other entries are written back
+  // exactly.
+  json::Value manifest = json::Value::object();
   const fs::path mpath = root / "manifest.json";
   if (fs::exists(mpath)) {
-    std::ifstream in(mpath);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    manifest = JsonParser(ss.str(), mpath.string()).parse();
-    DUALCAST_CHECK(manifest.kind == Json::object, mpath.string(), ": top level must be an object");
+    try {
+      manifest = json::parse_file(mpath.string(), /*keep_number_text=*/true);
+    } catch (const std::runtime_error& e) {
+      DUALCAST_FAIL(mpath.string(), ": cannot parse JSON (", e.what(), ")");
+    }
+    DUALCAST_CHECK(manifest.is_object(), mpath.string(), ": top level must be an object");
   }
-  manifest.member("arrays");  // create both first: member() may reallocate the member list
-  manifest.member("scalars");
-  Json& arrays = *manifest.find("arrays");
-  Json& scalars = *manifest.find("scalars");
-  if (arrays.kind != Json::object) arrays = Json::obj();
-  if (scalars.kind != Json::object) scalars = Json::obj();
+  manifest["arrays"];  // create both first: operator[] may reallocate the member list
+  manifest["scalars"];
+  json::Value& arrays = manifest["arrays"];
+  json::Value& scalars = manifest["scalars"];
+  if (!arrays.is_object()) arrays = json::Value::object();
+  if (!scalars.is_object()) scalars = json::Value::object();
 
   auto put_array = [&](const std::string& name, const Shape& shape, const char* dtype) {
-    Json meta = Json::obj();
-    meta.member("file") = Json::str(name + ".bin");
-    meta.member("shape") = shape_json(shape);
-    meta.member("dtype") = Json::str(dtype);
-    arrays.member(name) = meta;
+    json::Value meta = json::Value::object();
+    meta["file"] = name + ".bin";
+    meta["shape"] = shape_json(shape);
+    meta["dtype"] = dtype;
+    arrays[name] = meta;
   };
 
   {
@@ -722,27 +546,23 @@ void write_validation(const std::string& dir, const NetworkConfig& config) {
     write_raw(root / (name + ".bin"), p.value().to_vector<float>());
     put_array(name, p.shape(), "float32");
     const double gn = p.has_grad() ? norm(p.grad()) : 0.0;
-    scalars.member("e_gradnorm_" + names[k]) = Json::num(fmt_double(gn));
+    scalars["e_gradnorm_" + names[k]] = exact_number(gn);
   }
-  scalars.member("e_loss") = Json::num(fmt_double(loss_value));
-  scalars.member("e_slope") = Json::num(fmt_double(static_cast<double>(config.slope)));
-  scalars.member("e_H") = Json::num(std::to_string(config.hidden));
-  scalars.member("e_B") = Json::num(std::to_string(config.batch));
-  scalars.member("e_T") = Json::num(std::to_string(config.seq));
+  scalars["e_loss"] = exact_number(loss_value);
+  scalars["e_slope"] = exact_number(static_cast<double>(config.slope));
+  scalars["e_H"] = json::Value::raw_number(std::to_string(config.hidden));
+  scalars["e_B"] = json::Value::raw_number(std::to_string(config.batch));
+  scalars["e_T"] = json::Value::raw_number(std::to_string(config.seq));
   // Extras (ignored by valdir.py): the token seed used, and whether float32 and float64 took the
   // same boundary decisions there (1) or no such batch was found in 16 tries (0).
-  scalars.member("e_token_seed") = Json::num(std::to_string(token_seed));
-  scalars.member("e_boundaries_fp64_agree") = Json::num(decisions_agree ? "1" : "0");
+  scalars["e_token_seed"] = json::Value::raw_number(std::to_string(token_seed));
+  scalars["e_boundaries_fp64_agree"] = json::Value::raw_number(decisions_agree ? "1" : "0");
 
-  const fs::path tmp = root / "manifest.json.tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    DUALCAST_CHECK(out.good(), "write_validation: cannot write ", tmp.string());
-    write_json(out, manifest, 0);
-    out << '\n';
-    DUALCAST_CHECK(out.good(), "write_validation: writing ", tmp.string(), " failed");
+  try {
+    json::write_file(mpath.string(), manifest);  // through manifest.json.tmp, then renamed
+  } catch (const std::runtime_error& e) {
+    DUALCAST_FAIL("write_validation: ", e.what());
   }
-  fs::rename(tmp, mpath);
 }
 
 }  // namespace hmlstm

@@ -43,6 +43,8 @@
 #include "dualcast/tape.hpp"
 #include "dualcast/tensor.hpp"
 
+#include "cell.hpp"
+
 namespace hmlstm {
 
 using dualcast::Device;
@@ -52,52 +54,14 @@ using dualcast::Var;
 
 // =================================================================================================
 // The elementwise step, mixed mode: two functors, each one broadcast (one fused forward kernel, one
-// fused backward kernel). Written with `auto` parameters, they run on plain numbers (no gradient
+// fused backward kernel): the cell HmCell (cell.hpp, shared with workload b of the driver) and the
+// boundary detector below. Written with `auto` parameters, they run on plain numbers (no gradient
 // needed) and on Dual<T, K> (Var arguments).
 // =================================================================================================
 
-/// The cell. z = z^l_{t-1}, zb = zb_l: plain 0/1 flags (Tensors or the number 1), never
-/// differentiated; c, h: the previous state; f, i, o, g: gate pre-activations. Returns (c', h').
-/// Data-dependent control flow: only the taken branch is evaluated, and in COPY rows the partials of
-/// c', h' are exactly those of c, h (the gate pre-activations get zero gradient).
-struct HmCell {
-  // (namespace-scope functor: nvcc rejects generic __host__ __device__ lambdas)
-  DUALCAST_HD auto operator()(auto z, auto zb, auto c, auto h, auto f, auto i, auto o,
-                              auto g) const {
-    using dualcast::sigmoid;
-    using dualcast::tanh;
-    using D = decltype(c * f);
-    if (z == 1) {  // FLUSH
-      const D cn = sigmoid(i) * tanh(g);
-      return std::tuple<D, D>(cn, sigmoid(o) * tanh(cn));
-    }
-    if (zb == 0) return std::tuple<D, D>(c, h);  // COPY
-    const D cn = sigmoid(f) * c + sigmoid(i) * tanh(g);  // UPDATE
-    return std::tuple<D, D>(cn, sigmoid(o) * tanh(cn));
-  }
-};
-
-/// The boundary detector with the straight-through estimator: value step(hard_sigm(s)) (exactly 0 or
-/// 1), derivative that of hard_sigm: a/2 on the open interior 0 < u < 1, 0 elsewhere (ties included,
-/// MODEL.md). `a` arrives as a plain number.
-struct BoundarySte {
-  DUALCAST_HD auto operator()(auto s, auto a) const {
-    using dualcast::select;
-    using dualcast::value;
-    using T = dualcast::scalar_t<decltype(s)>;
-    const auto u = (a * s + T(1)) * T(0.5);
-    const T uv = value(u);
-    // z~ = clamp(u, 0, 1) with the derivative only where 0 < u < 1.
-    const auto zt = select(uv > T(0) && uv < T(1), u, uv >= T(1) ? T(1) : T(0));
-    const T ztv = value(zt);
-    const T step = ztv > T(0.5) ? T(1) : T(0);
-    // zt + (step - zt) is exactly `step` in floating point (Sterbenz: step - zt is exact for zt in
-    // [0, 1] and step in {0, 1}), and carries zt's partials.
-    return zt + (step - ztv);
-  }
-};
-
-/// soft_boundary (tests only): z = z~ = hard_sigm(s_z), derivative a/2 on the open interior.
+/// z~ = hard_sigm(s) = clamp((a s + 1) / 2, 0, 1), derivative a/2 on the open interior 0 < u < 1, 0
+/// elsewhere (ties included, MODEL.md). `a` arrives as a plain number. Used as the boundary itself
+/// only with soft_boundary (tests only); BoundarySte builds on it.
 struct BoundarySoft {
   DUALCAST_HD auto operator()(auto s, auto a) const {
     using dualcast::select;
@@ -109,8 +73,24 @@ struct BoundarySoft {
   }
 };
 
+/// The boundary detector with the straight-through estimator: value step(z~) (exactly 0 or 1),
+/// derivative that of z~ = hard_sigm(s) (BoundarySoft).
+struct BoundarySte {
+  DUALCAST_HD auto operator()(auto s, auto a) const {
+    using dualcast::value;
+    using T = dualcast::scalar_t<decltype(s)>;
+    const auto zt = BoundarySoft{}(s, a);
+    const T ztv = value(zt);
+    const T step = ztv > T(0.5) ? T(1) : T(0);
+    // zt + (step - zt) is exactly `step` in floating point (Sterbenz: step - zt is exact for zt in
+    // [0, 1] and step in {0, 1}), and carries zt's partials.
+    return zt + (step - ztv);
+  }
+};
+
 // The same two steps in reverse mode (select form on Vars: one kernel and one tape node per
-// primitive). zflag, zbflag: [B, 1] 0/1 flags of the network's dtype.
+// primitive). zflag, zbflag: [B, 1] 0/1 flags of the network's dtype. reverse_cell is HmCellSelect
+// (cell.hpp).
 std::pair<Var, Var> reverse_cell(const Tensor& zflag, const Tensor& zbflag, const Var& c, const Var& h,
                                  const Var& f, const Var& i, const Var& o, const Var& g);
 /// soft = false: the STE boundary (value step(z~), gradient that of z~); true: z~ itself.

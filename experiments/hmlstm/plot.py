@@ -54,6 +54,13 @@ def main(argv):
     dev = "%s (%s)" % (meta.get("device", "?"), meta.get("device_name", "?"))
     written = []
 
+    def save(fig, name):
+        fig.tight_layout()
+        out = os.path.join(d, name)
+        fig.savefig(out, dpi=120)
+        plt.close(fig)
+        written.append(out)
+
     def series(workload, method, variant=None):
         pts = {}
         for m in meas:
@@ -95,11 +102,7 @@ def main(argv):
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize=8)
         fig.suptitle("HM-LSTM cell, fp32, " + dev)
-        fig.tight_layout()
-        out = os.path.join(d, "time_vs_size.png")
-        fig.savefig(out, dpi=120)
-        plt.close(fig)
-        written.append(out)
+        save(fig, "time_vs_size.png")
 
     # ---- speedup ----
     wl = [w for w in ("a", "b", "d") if any(m["workload"] == w for m in meas)]
@@ -128,11 +131,7 @@ def main(argv):
         ax.set_title("Mixed-mode speedup, " + dev)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        out = os.path.join(d, "speedup.png")
-        fig.savefig(out, dpi=120)
-        plt.close(fig)
-        written.append(out)
+        save(fig, "speedup.png")
 
     # ---- arity ----
     arity = [m for m in meas if m["workload"] == "c"]
@@ -153,11 +152,7 @@ def main(argv):
         ax.set_title("c: prod_k tanh(x_k > 0.5 ? x_k : -x_k) at %d^2, %s" % (arity[0]["dims"], dev))
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        out = os.path.join(d, "arity.png")
-        fig.savefig(out, dpi=120)
-        plt.close(fig)
-        written.append(out)
+        save(fig, "arity.png")
 
     # ---- divergence ----
     dm = [m for m in meas if m["workload"] == "d"]
@@ -180,11 +175,7 @@ def main(argv):
         ax.set_ylabel("time per forward+backward (us)")
         ax.set_title("d: row-uniform [dims,1] vs divergent [1,dims] flags, " + dev)
         ax.legend(fontsize=7, ncol=2)
-        fig.tight_layout()
-        out = os.path.join(d, "divergence.png")
-        fig.savefig(out, dpi=120)
-        plt.close(fig)
-        written.append(out)
+        save(fig, "divergence.png")
 
     # ---- training ----
     tr = res.get("training") or {}
@@ -206,11 +197,7 @@ def main(argv):
                         "agree" if tr.get("curves_agree") else "DISAGREE"), fontsize=9)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        out = os.path.join(d, "training.png")
-        fig.savefig(out, dpi=120)
-        plt.close(fig)
-        written.append(out)
+        save(fig, "training.png")
 
     for w in written:
         print("plot.py: wrote", w)

@@ -427,6 +427,46 @@ TEST(Charlm, DISABLED_TrainingCurvesOfBothModesAgree) {
   EXPECT_LT(cc.mixed.valid_bpc.back(), cc.mixed.valid_bpc.front() - 1.0);
 }
 
+// Synthetic curves: 9 log entries; `bump` is added to the mixed run's entries from index `from` on.
+static TrainLog synthetic_log(double bump = 0.0, std::size_t from = 0) {
+  TrainLog l;
+  for (std::size_t k = 0; k < 9; ++k) {
+    l.step.push_back(static_cast<int>(25 * k));
+    const double v = 6.0 - 0.5 * static_cast<double>(k) + (k >= from ? bump : 0.0);
+    l.train_bpc.push_back(v);
+    l.valid_bpc.push_back(v + 0.3);
+  }
+  return l;
+}
+
+TEST(Charlm, CurveComparisonTellsRoundingDriftFromAWrongGradient) {
+  const auto f32 = dualcast::DType::float32;
+  // identical curves (and differences under the tolerance) agree and never part
+  CurveComparison same = compare_curves(synthetic_log(), synthetic_log(), f32);
+  EXPECT_TRUE(same.ok) << same.message;
+  EXPECT_EQ(same.parted_at_step, -1);
+  EXPECT_TRUE(compare_curves(synthetic_log(5e-4, 1), synthetic_log(), f32).ok);
+  // parting late (a boundary decision rounded the other way) and staying within 3%: still agree
+  CurveComparison late = compare_curves(synthetic_log(0.03, 4), synthetic_log(), f32);
+  EXPECT_TRUE(late.ok) << late.message;
+  EXPECT_EQ(late.parted_at_step, 100);
+  // parting at the first entries after step 0: a wrong gradient, whatever the size
+  CurveComparison early = compare_curves(synthetic_log(0.01, 1), synthetic_log(), f32);
+  EXPECT_FALSE(early.ok) << early.message;
+  EXPECT_NE(early.message.find("TOO EARLY"), std::string::npos) << early.message;
+  // parting late but drifting beyond 3%
+  EXPECT_FALSE(compare_curves(synthetic_log(0.5, 4), synthetic_log(), f32).ok);
+  // NaN and different lengths never agree
+  TrainLog nan_log = synthetic_log();
+  nan_log.valid_bpc[8] = NAN;
+  EXPECT_FALSE(compare_curves(nan_log, synthetic_log(), f32).ok);
+  TrainLog short_log = synthetic_log();
+  short_log.step.pop_back();
+  short_log.train_bpc.pop_back();
+  short_log.valid_bpc.pop_back();
+  EXPECT_FALSE(compare_curves(short_log, synthetic_log(), f32).ok);
+}
+
 // Not run by default: writes workload e's validation directory (the driver's size, H=64 B=8 T=24) on
 // the GPU when there is one into $HMLSTM_VALDIR, for experiments/peers/peers.py --validate.
 TEST(Network, DISABLED_WriteValidationDirectory) {

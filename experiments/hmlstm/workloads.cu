@@ -368,21 +368,30 @@ double bytes_needed_cell(std::int64_t dims, int K, int M, int sets) {
   return mat * (sets * per_set + workspace);
 }
 
-std::vector<Measurement> run_a(const RunContext& ctx, std::int64_t dims) {
-  const int nsets = sets_for(ctx, dims, 4, 1);
-  check_fits(ctx, bytes_needed_cell(dims, 4, 1, nsets), "workload a (dims " + std::to_string(dims) + ")");
+namespace {
+/// The input sets of cell workload `workload` (K inputs, M adjoints of dims x dims; flags in
+/// `layout`), as many as sets_for rotates, once check_fits has passed; set j is seeded seed0 + j.
+std::vector<CellSet> cell_sets(const RunContext& ctx, const char* workload, std::int64_t dims, int K,
+                               int M, FlagLayout layout, std::uint64_t seed0) {
+  const int nsets = sets_for(ctx, dims, K, M);
+  check_fits(ctx, bytes_needed_cell(dims, K, M, nsets),
+             std::string("workload ") + workload + " (dims " + std::to_string(dims) + ")");
   std::vector<CellSet> sets;
-  for (int j = 0; j < nsets; ++j) sets.push_back(make_cell_set(dims, 4, 1, FlagLayout::rows, ctx.device, 100 + static_cast<std::uint64_t>(j)));
+  for (int j = 0; j < nsets; ++j)
+    sets.push_back(make_cell_set(dims, K, M, layout, ctx.device, seed0 + static_cast<std::uint64_t>(j)));
+  return sets;
+}
+}  // namespace
+
+std::vector<Measurement> run_a(const RunContext& ctx, std::int64_t dims) {
+  std::vector<CellSet> sets = cell_sets(ctx, "a", dims, 4, 1, FlagLayout::rows, 100);
   return run_cell_workload<4, 1>(ctx, "a", "", dims, sets, FlagLayout::rows,
                                  [](const CellSet& s, Partials p) { return step_a_mixed(s, p); },
                                  [](const CellSet& s) { return step_a_reverse(s); }, RefA{}, 24);
 }
 
 std::vector<Measurement> run_b(const RunContext& ctx, std::int64_t dims) {
-  const int nsets = sets_for(ctx, dims, 6, 2);
-  check_fits(ctx, bytes_needed_cell(dims, 6, 2, nsets), "workload b (dims " + std::to_string(dims) + ")");
-  std::vector<CellSet> sets;
-  for (int j = 0; j < nsets; ++j) sets.push_back(make_cell_set(dims, 6, 2, FlagLayout::rows, ctx.device, 200 + static_cast<std::uint64_t>(j)));
+  std::vector<CellSet> sets = cell_sets(ctx, "b", dims, 6, 2, FlagLayout::rows, 200);
   return run_cell_workload<6, 2>(ctx, "b", "", dims, sets, FlagLayout::rows,
                                  [](const CellSet& s, Partials p) { return step_b_mixed(s, p); },
                                  [](const CellSet& s) { return step_b_reverse(s); }, RefB{}, 36);
@@ -405,10 +414,7 @@ std::vector<Measurement> run_c(const RunContext& ctx, std::int64_t dims, int K) 
 }
 
 std::vector<Measurement> run_d(const RunContext& ctx, std::int64_t dims, FlagLayout layout) {
-  const int nsets = sets_for(ctx, dims, 4, 1);
-  check_fits(ctx, bytes_needed_cell(dims, 4, 1, nsets), "workload d (dims " + std::to_string(dims) + ")");
-  std::vector<CellSet> sets;
-  for (int j = 0; j < nsets; ++j) sets.push_back(make_cell_set(dims, 4, 1, layout, ctx.device, 400 + static_cast<std::uint64_t>(j)));
+  std::vector<CellSet> sets = cell_sets(ctx, "d", dims, 4, 1, layout, 400);
   return run_cell_workload<4, 1>(ctx, "d", flag_layout_name(layout), dims, sets, layout,
                                  [](const CellSet& s, Partials p) { return step_a_mixed(s, p); },
                                  [](const CellSet& s) { return step_a_reverse(s); }, RefA{}, 24);

@@ -25,6 +25,7 @@
 #include "dualcast/tensor.hpp"
 
 #include "../common/gpu_timing.hpp"
+#include "cell.hpp"
 
 namespace hmexp {
 
@@ -57,36 +58,11 @@ struct CellUpdateSelect {
   }
 };
 
-/// Workload b: the full cell, two outputs (c', h') from one kernel.
-struct Cell {
-  DUALCAST_HD auto operator()(auto z, auto zb, auto c, auto h, auto f, auto i, auto o, auto g) const {
-    using dualcast::sigmoid;
-    using dualcast::tanh;
-    using D = decltype(c * f);
-    if (z == 1) {  // FLUSH
-      const D cn = sigmoid(i) * tanh(g);
-      return std::tuple<D, D>(cn, sigmoid(o) * tanh(cn));
-    }
-    if (zb == 0) return std::tuple<D, D>(c, h);  // COPY
-    const D cn = sigmoid(f) * c + sigmoid(i) * tanh(g);  // UPDATE
-    return std::tuple<D, D>(cn, sigmoid(o) * tanh(cn));
-  }
-};
+/// Workload b: the full cell, two outputs (c', h') from one kernel (the if-form; cell.hpp).
+using Cell = hmlstm::HmCell;
 
-/// Workload b in select form on Vars (the peers' `cell_b`).
-struct CellSelect {
-  std::pair<Var, Var> operator()(const Tensor& z, const Tensor& zb, const Var& c, const Var& h,
-                                 const Var& f, const Var& i, const Var& o, const Var& g) const {
-    using namespace dualcast;
-    const Var ig = sigmoid(i) * tanh(g);
-    const Tensor flush = z == 1.0;
-    const Tensor keep = zb == 0.0;
-    const Var cn = select(flush, ig, select(keep, c, sigmoid(f) * c + ig));
-    const Var hc = sigmoid(o) * tanh(cn);
-    const Var hn = select(flush, hc, select(keep, h, hc));
-    return {cn, hn};
-  }
-};
+/// Workload b in select form on Vars (the peers' `cell_b`; cell.hpp).
+using CellSelect = hmlstm::HmCellSelect;
 
 /// Workload c: prod_k tanh(x_k > 0.5 ? x_k : -x_k) over K arguments (a pack: nvcc 13.0 rejects
 /// abbreviated templates with 10 separate auto parameters).

@@ -136,6 +136,11 @@ def build_parser():
                         "reps 10, warmup 2) unless given explicitly")
     p.add_argument("--e-hidden", type=_csv("hidden size", conv=int), default=None,
                    help="model hidden sizes H for workload e, comma-separated (default 512)")
+    p.add_argument("--e-reps", type=_pos_int, default=None,
+                   help="timed training steps of workload e (default: --reps; a step takes 50-500 "
+                        "ms, so fewer suffice)")
+    p.add_argument("--e-warmup", type=_nonneg_int, default=None,
+                   help="untimed training steps of workload e first (default: --warmup)")
     p.add_argument("--e-batch", type=_pos_int, default=None, help="model batch B (default 64)")
     p.add_argument("--e-seq", type=_pos_int, default=None, help="model sequence length T (default 100)")
     p.add_argument("--e-vocab", type=_pos_int, default=64, help="model vocabulary V (default 64)")
@@ -157,6 +162,10 @@ def build_parser():
                    default="default", help="torch.compile mode for method compile (default: default)")
     p.add_argument("--allow-cpu", action="store_true",
                    help="run torch / jax on the CPU when no GPU is present (smoke runs only)")
+    p.add_argument("--time-budget", type=_pos_float, default=None, metavar="S",
+                   help="stop starting new measurements S seconds after the start; the ones left "
+                        "are recorded as 'skipped: time budget' (default: no limit). Lets a caller "
+                        "with a hard wall-clock limit keep what was measured")
     p.add_argument("--strict", action="store_true",
                    help="exit 1 if any measurement failed validation or raised (default: exit 0 "
                         "and record it)")
@@ -179,6 +188,10 @@ def resolve(args):
         args.reps = 10 if q else 50
     if args.warmup is None:
         args.warmup = 2 if q else 10
+    if args.e_reps is None:
+        args.e_reps = args.reps
+    if args.e_warmup is None:
+        args.e_warmup = args.warmup
     if args.e_hidden is None:
         args.e_hidden = [128] if q else [512]
     if args.e_batch is None:
@@ -435,7 +448,7 @@ def measure_cell(be, args, cache, workload, dims, dir_check, res):
 def measure_model(be, args, cache, H, checks, res):
     method = be.method
     B, T, V = args.e_batch, args.e_seq, args.e_vocab
-    cfg = {"L": 3, "H": H, "B": B, "T": T, "V": V, "a": args.e_slope, "lr": args.e_lr}
+    cfg = _e_cfg(args, H)
     t0 = time.time()
     try:
         P, toks = cache.model(H, B, T, V)
@@ -446,7 +459,7 @@ def measure_model(be, args, cache, H, checks, res):
         if not finite:
             validated = False
             vtext += "; non-finite loss/gradients at the timing configuration"
-        tm = sess.time(args.reps, args.warmup)
+        tm = sess.time(args.e_reps, args.e_warmup)
         note = getattr(sess, "note", "")
         del sess, g0
         be.end_config()
@@ -474,6 +487,11 @@ def measure_model(be, args, cache, H, checks, res):
     res.add(rec)
 
 
+def _e_cfg(args, H):
+    return {"L": 3, "H": H, "B": args.e_batch, "T": args.e_seq, "V": args.e_vocab,
+            "a": args.e_slope, "lr": args.e_lr}
+
+
 def _guarded(fn, *a):
     try:
         return fn(*a)
@@ -492,16 +510,26 @@ def run(args):
         % (",".join(args.workloads), ",".join(args.methods), ",".join(map(str, args.dims)),
            ",".join(map(str, args.e_hidden)), args.e_batch, args.e_seq, args.e_vocab, args.reps,
            args.warmup, args.validate, args.out))
+    deadline = time.time() + args.time_budget if args.time_budget else None
+
+    def out_of_time():
+        return deadline is not None and time.time() > deadline
+
+    budget_note = "skipped: time budget of %s s spent" % (args.time_budget,)
     for method in args.methods:
+        if out_of_time():
+            log("[%s] %s" % (method, budget_note))
+            for w in args.workloads:
+                for key in (args.e_hidden if w == "e" else args.dims):
+                    res.add(record(w, _e_cfg(args, key) if w == "e" else key, method, note=budget_note))
+            continue
         be, skip = load_backend(method, opts)
         if be is None:
             log("[%s] %s" % (method, skip))
             for w in args.workloads:
                 if w == "e":
                     for H in args.e_hidden:
-                        res.add(record("e", {"L": 3, "H": H, "B": args.e_batch, "T": args.e_seq,
-                                             "V": args.e_vocab, "a": args.e_slope, "lr": args.e_lr},
-                                       method, note=skip))
+                        res.add(record("e", _e_cfg(args, H), method, note=skip))
                 else:
                     for d in args.dims:
                         res.add(record(w, d, method, note=skip))
@@ -513,8 +541,17 @@ def run(args):
                 if dir_check is not None:
                     log("[%s] %s %s" % (method, w, dir_check[2]))
                 for d in args.dims:
+                    if out_of_time():
+                        log("[%s] %s dims=%d: %s" % (method, w, d, budget_note))
+                        res.add(record(w, d, method, note=budget_note))
+                        continue
                     measure_cell(be, args, cache, w, d, dir_check, res)
             else:
+                if out_of_time():
+                    log("[%s] e: %s" % (method, budget_note))
+                    for H in args.e_hidden:
+                        res.add(record("e", _e_cfg(args, H), method, note=budget_note))
+                    continue
                 checks = []
                 if vd is not None:
                     checks.append(_guarded(check_model_dir, be, vd, args.e_lr, args.rtol_model))
