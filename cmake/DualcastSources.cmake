@@ -14,3 +14,20 @@ function(dualcast_executable name)
   dualcast_kernel_sources(${cu})
   target_link_libraries(${name} PRIVATE dualcast::dualcast)
 endfunction()
+
+# dualcast_find_plot_python(var): sets var to the first python3 that can import matplotlib (the one
+# CMake finds, then /usr/bin/python3: Debian's python3-matplotlib serves the system interpreter, which
+# need not be the python3 first on PATH), or to "" when none can. The plot scripts' tests use it.
+function(dualcast_find_plot_python var)
+  find_package(Python3 COMPONENTS Interpreter QUIET)
+  set(found "")
+  foreach(py ${Python3_EXECUTABLE} /usr/bin/python3)
+    if(NOT found AND EXISTS ${py})
+      execute_process(COMMAND ${py} -c "import matplotlib" RESULT_VARIABLE rc OUTPUT_QUIET ERROR_QUIET)
+      if(rc EQUAL 0)
+        set(found ${py})
+      endif()
+    endif()
+  endforeach()
+  set(${var} "${found}" PARENT_SCOPE)
+endfunction()

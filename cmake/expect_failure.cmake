@@ -1,5 +1,6 @@
 # expect_failure.cmake: runs CMD (a ;-list) and passes when it exits with status EXPECT_RC (any
-# non-zero status when EXPECT_RC is not given) and its stdout + stderr match REGEX.
+# non-zero status when EXPECT_RC is not given) and its stdout + stderr match REGEX. Used by the
+# experiments' rejection tests (mnist_train, ops_bench).
 execute_process(COMMAND ${CMD} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 set(all "${out}${err}")
 if(DEFINED EXPECT_RC)
