@@ -208,6 +208,14 @@ Var HmlstmNetwork::loss(const Tensor& tokens_in) {
     return (zv.value() > 0.5).to(dt);
   };
   const std::vector<std::int64_t> gate_sizes = {H, H, H, H, 1};
+  // For t > 0 the three gate products of a layer are one matmul: [zb*h_below, h, z*h_above] @
+  // [W; U; Td]. Row scaling by the 0/1 flags commutes with the product, so this is the same s (and the
+  // same gradients) with one cuBLAS call instead of three and no adds: about a third fewer kernels
+  // and tape nodes per layer and step, which is what bounds the step (it is host-bound).
+  std::array<Var, 3> wcat;
+  if (T > 1)
+    for (int l = 0; l < 3; ++l)
+      wcat[l] = l < 2 ? concat({P(kW[l]), P(kU[l]), P(kTd[l])}, 0) : concat({P(kW[l]), P(kU[l])}, 0);
   for (std::int64_t t = 0; t < T; ++t) {
     std::array<Var, 3> nc, nh, nz;
     for (int l = 0; l < 3; ++l) {
@@ -215,11 +223,14 @@ Var HmlstmNetwork::loss(const Tensor& tokens_in) {
       // At t = 0 the state is zero, so the U and Td terms are exactly zero (and so are their
       // contributions to the gradients): they are skipped.
       const Var& below = l == 0 ? embs[static_cast<std::size_t>(t)] : nh[l - 1];
-      Var s = matmul(below, P(kW[l]));
-      if (l > 0) s = nz[l - 1] * s;
-      if (t > 0) {
-        s = s + matmul(h[l], P(kU[l]));
-        if (l < 2) s = s + z[l] * matmul(h[l + 1], P(kTd[l]));
+      Var s;
+      if (t == 0) {
+        s = matmul(below, P(kW[l]));
+        if (l > 0) s = nz[l - 1] * s;
+      } else {
+        std::vector<Var> x{l > 0 ? nz[l - 1] * below : below, h[l]};
+        if (l < 2) x.push_back(z[l] * h[l + 1]);
+        s = matmul(concat(x, 1), wcat[l]);
       }
       s = s + P(kB[l]);
 

@@ -18,9 +18,11 @@
 //
 // Implementation notes (same in both modes): the embedding lookup h^0_t = E[x_t] is a product
 // onehot(x) @ E (its gradient onehot^T @ dh is the scatter-add of repeated tokens), computed once for
-// all T steps and split per step; the pre-activation s of a layer is split into f, i, o, g, s_z by one
-// split node; at t = 0 the recurrent and top-down terms (zero state) are skipped, which changes no
-// value and no gradient; the loss is dualcast's fused cross_entropy of logits [T*B, V]. Both modes
+// all T steps and split per step; for t > 0 the three gate products of a layer are one matmul of the
+// concatenated inputs [zb*h_below, h, z*h_above] with [W; U; Td] (concatenated once per loss() call);
+// the pre-activation s of a layer is split into f, i, o, g, s_z by one split node; at t = 0 the
+// recurrent and top-down terms (zero state) are skipped, which changes no value and no gradient; the
+// loss is dualcast's fused cross_entropy of logits [T*B, V]. Both modes
 // agree with experiments/peers/reference.py's float64 BPTT (ref_e) to ~1e-15 in float64.
 //
 // Parameters are created from seeded Tensor::randn / Tensor::uniform (counter-based: the same values
