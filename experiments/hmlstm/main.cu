@@ -27,8 +27,10 @@
 #include "dualcast/error.hpp"
 #include "dualcast/memory.hpp"
 
+#include "../common/cli.hpp"
 #include "../common/gpu_timing.hpp"
 #include "../common/json_lite.hpp"
+#include "../common/report.hpp"
 #include "workloads.hpp"
 
 #if DCEXP_HAVE_NETWORK
@@ -144,23 +146,24 @@ long long parse_int(const std::string& opt, const std::string& v, long long lo, 
 
 Options parse_args(int argc, char** argv) {
   Options o;
-  std::vector<std::string> args(argv + 1, argv + argc);
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    std::string a = args[i], val;
-    bool has_val = false;
-    if (const auto eq = a.find('='); a.rfind("--", 0) == 0 && eq != std::string::npos) {
-      val = a.substr(eq + 1);
-      a = a.substr(0, eq);
-      has_val = true;
+  dcexp::cli::ArgWalker args(argc, argv);
+  // The walk throws for a missing or unwanted value; this driver's convention is usage_error (exit 2).
+  auto value = [&]() -> std::string {
+    try {
+      return args.value();
+    } catch (const dcexp::cli::UsageError& e) {
+      usage_error(e.what());
     }
-    auto value = [&]() -> std::string {
-      if (has_val) return val;
-      if (i + 1 >= args.size()) usage_error(a + " needs a value");
-      return args[++i];
-    };
-    auto flag = [&] {
-      if (has_val) usage_error(a + " takes no value");
-    };
+  };
+  auto flag = [&] {
+    try {
+      args.no_value();
+    } catch (const dcexp::cli::UsageError& e) {
+      usage_error(e.what());
+    }
+  };
+  while (args.next()) {
+    const std::string a = args.option();
     if (a == "--help" || a == "-h") {
       std::cout << kUsage;
       std::exit(0);
@@ -230,7 +233,7 @@ Options parse_args(int argc, char** argv) {
     } else if (a == "--python") {
       o.python = value();
     } else {
-      usage_error("unknown option '" + args[i] + "'");
+      usage_error("unknown option '" + a + "'");
     }
   }
   return o;
@@ -277,24 +280,6 @@ std::string shell_quote(const std::string& s) {
   return q + "'";
 }
 
-std::string iso_time() {
-  const std::time_t t = std::time(nullptr);
-  char buf[64];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
-  return buf;
-}
-
-Value summary_json(const dcexp::Summary& s) {
-  Value v = Value::object();
-  v["median"] = s.median;
-  v["p10"] = s.p10;
-  v["p90"] = s.p90;
-  v["min"] = s.min;
-  v["max"] = s.max;
-  v["n"] = s.n;
-  return v;
-}
-
 Value measurement_json(const Measurement& m) {
   Value v = Value::object();
   v["workload"] = m.workload;
@@ -306,8 +291,8 @@ Value measurement_json(const Measurement& m) {
   v["p10_ms"] = m.times.primary().p10;
   v["p90_ms"] = m.times.primary().p90;
   v["timer"] = m.times.gpu_ms.n > 0 ? "cuda_events" : "wall";
-  v["gpu_ms"] = summary_json(m.times.gpu_ms);
-  v["wall_ms"] = summary_json(m.times.wall_ms);
+  v["gpu_ms"] = dcexp::summary_json(m.times.gpu_ms);
+  v["wall_ms"] = dcexp::summary_json(m.times.wall_ms);
   v["pipelined_ms"] = m.times.pipelined_ms;
   v["reps"] = m.times.reps;
   v["warmup"] = m.times.warmup;
@@ -820,7 +805,7 @@ int run(const Options& opt_in) {
   Value root = Value::object();
   Value meta = Value::object();
   meta["tool"] = "hmlstm_experiment";
-  meta["date"] = iso_time();
+  meta["date"] = dcexp::iso_time();
   meta["device"] = device.str();
   meta["device_name"] = dev_name;
   meta["copy_bandwidth_gbps"] = bw.gbps;

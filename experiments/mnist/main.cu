@@ -27,6 +27,7 @@
 #include "dualcast/memory.hpp"
 #include "dualcast/ops/loss.hpp"
 #include "dualcast/optim.hpp"
+#include "../common/cli.hpp"
 #include "model.hpp"
 
 namespace {
@@ -67,9 +68,7 @@ The progress bar goes to stderr; one line per epoch to stdout. Exit status: 0 on
 data or runtime error, 2 for a command-line error.
 )";
 
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
+using dcexp::cli::UsageError;
 
 struct Options {
   std::string model = "mlp";
@@ -119,23 +118,11 @@ std::int64_t parse_int(const std::string& opt, const std::string& s, std::int64_
 Options parse(int argc, char** argv, bool& help) {
   Options o;
   help = false;
-  std::vector<std::string> args(argv + 1, argv + argc);
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    std::string a = args[i], value;
-    bool has_value = false;
-    if (const auto eq = a.find('='); a.rfind("--", 0) == 0 && eq != std::string::npos) {
-      value = a.substr(eq + 1);
-      a = a.substr(0, eq);
-      has_value = true;
-    }
-    auto next = [&]() -> std::string {
-      if (has_value) return value;
-      if (i + 1 >= args.size()) throw UsageError(a + " needs a value");
-      return args[++i];
-    };
-    auto flag = [&] {
-      if (has_value) throw UsageError(a + " takes no value");
-    };
+  dcexp::cli::ArgWalker args(argc, argv);
+  while (args.next()) {
+    const std::string a = args.option();
+    auto next = [&] { return args.value(); };
+    auto flag = [&] { args.no_value(); };
     if (a == "--help" || a == "-h") { flag(); help = true; }
     else if (a == "--quiet") { flag(); o.quiet = true; }
     else if (a == "--model") o.model = next();
@@ -153,7 +140,7 @@ Options parse(int argc, char** argv, bool& help) {
     else if (a == "--name") o.name = next();
     else if (a == "--max-steps-per-epoch") o.max_steps = parse_int(a, next(), 1);
     else if (a == "--eval-batch") o.eval_batch = parse_int(a, next(), 1);
-    else throw UsageError("unknown option '" + args[i] + "'");
+    else throw UsageError("unknown option '" + a + "'");
   }
   if (help) return o;
   if (o.model != "logreg" && o.model != "mlp")

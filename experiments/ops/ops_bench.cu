@@ -25,8 +25,10 @@
 
 #include "dualcast/dualcast.hpp"
 
+#include "../common/cli.hpp"
 #include "../common/gpu_timing.hpp"
 #include "../common/json_lite.hpp"
+#include "../common/report.hpp"
 
 #if defined(__CUDACC__)
 #include <cuda_runtime.h>
@@ -579,13 +581,6 @@ std::string fmt_ms(double ms) {
   return fmt("%.5f", ms);
 }
 
-std::string iso_time() {
-  const std::time_t now = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  return buf;
-}
-
 std::string cpu_model() {
   std::ifstream in("/proc/cpuinfo");
   std::string line;
@@ -650,9 +645,7 @@ The table goes to stdout (and DIR/table.md), progress to stderr. Exit status: 0 
 timings are marked invalid).
 )";
 
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
+using dcexp::cli::UsageError;
 
 struct Options {
   std::vector<std::int64_t> sizes;
@@ -698,22 +691,12 @@ double parse_seconds(const std::string& opt, const std::string& s, bool zero_ok)
 Options parse(int argc, char** argv, bool& help) {
   Options o;
   help = false;
-  std::vector<std::string> args(argv + 1, argv + argc);
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    std::string a = args[i], value;
-    bool has_value = false;
-    if (const auto eq = a.find('='); a.rfind("--", 0) == 0 && eq != std::string::npos) {
-      value = a.substr(eq + 1);
-      a = a.substr(0, eq);
-      has_value = true;
-    }
-    auto next = [&]() -> std::string {
-      if (has_value) return value;
-      if (i + 1 >= args.size()) throw UsageError(a + " needs a value");
-      return args[++i];
-    };
+  dcexp::cli::ArgWalker args(argc, argv);
+  while (args.next()) {
+    const std::string a = args.option();
+    auto next = [&] { return args.value(); };
     if (a == "--help" || a == "-h") {
-      if (has_value) throw UsageError(a + " takes no value");
+      args.no_value();
       help = true;
     } else if (a == "--sizes") {
       o.sizes.clear();
@@ -741,7 +724,7 @@ Options parse(int argc, char** argv, bool& help) {
       o.out = next();
       if (o.out.empty()) throw UsageError("--out: empty folder name");
     } else {
-      throw UsageError("unknown option '" + args[i] + "'");
+      throw UsageError("unknown option '" + a + "'");
     }
   }
   if (o.sizes.empty())
@@ -1020,17 +1003,6 @@ std::string make_table(const Sweep& s, const Options& o, const std::string& cpu_
   return t.str();
 }
 
-Value summary_json(const dcexp::Summary& m) {
-  Value v = Value::object();
-  v["median"] = m.median;
-  v["p10"] = m.p10;
-  v["p90"] = m.p90;
-  v["min"] = m.min;
-  v["max"] = m.max;
-  v["n"] = m.n;
-  return v;
-}
-
 void write_csv(const std::string& path, const std::vector<Row>& rows) {
   std::ofstream csv(path);
   DUALCAST_CHECK(csv.good(), "ops_bench: cannot write '", path, "'");
@@ -1077,7 +1049,7 @@ int run(const Options& o) {
   DUALCAST_CHECK(!ec && fs::is_directory(o.out), "ops_bench: cannot create output folder '", o.out, "'",
                  ec ? ": " + ec.message() : std::string());
 
-  const std::string date = iso_time();
+  const std::string date = dcexp::iso_time();
   const std::string cpu_desc = cpu_model() + ", " + dualcast::device_name(Device::cpu());
   const std::string gpu_desc = want_gpu ? dualcast::device_name(Device::cuda(0)) : "";
   {
@@ -1151,8 +1123,8 @@ int run(const Options& o) {
     v["device"] = r.device;
     v["status"] = r.status;
     v["valid"] = r.valid;
-    v["ms"] = summary_json(r.t.ms);
-    v["wall_ms"] = summary_json(r.t.wall);
+    v["ms"] = dcexp::summary_json(r.t.ms);
+    v["wall_ms"] = dcexp::summary_json(r.t.wall);
     v["warmup"] = r.t.warmup;
     v["bytes"] = r.bytes;
     v["flops"] = r.flops;
