@@ -33,19 +33,22 @@ struct DeviceCache {
   MemoryStats stats;
 };
 
+// The allocator's state is created on first use and never destroyed: a Tensor with static storage
+// duration (a program's or a benchmark's cache of inputs) is often created before it and so
+// destroyed after it at exit, and its buffer must still find a live cache to go back to.
 DeviceCache& cache_for(int index) {
-  static DeviceCache caches[kMaxDevices];
+  static DeviceCache* const caches = new DeviceCache[kMaxDevices];
   DUALCAST_CHECK(index >= 0 && index < kMaxDevices, "allocator: device index ", index, " out of range");
   return caches[index];
 }
 
 MemoryStats& host_stats() {
-  static MemoryStats stats;
-  return stats;
+  static MemoryStats* const stats = new MemoryStats();
+  return *stats;
 }
 std::mutex& host_mutex() {
-  static std::mutex m;
-  return m;
+  static std::mutex* const m = new std::mutex();
+  return *m;
 }
 
 #if DUALCAST_WITH_CUDA

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <vector>
 
@@ -151,6 +152,26 @@ TEST_P(TrainingMemory, GatherRows) {
             (std::vector<float>{6, 7, 8, 0, 1, 2, 6, 7, 8}));
   const Tensor labels = Tensor::from_vector<float>({4}, {9, 8, 7, 6}, d);
   EXPECT_EQ(mnist::gather_rows(labels, idx).to_vector<float>(), (std::vector<float>{7, 9, 7}));
+}
+
+// A Tensor with static storage duration created before the allocator's first use is destroyed after
+// the allocator's own statics would be; its buffer must still go back cleanly at exit. The death-test
+// child is a fresh process ("threadsafe" style re-runs this test alone), so the holder below really is
+// constructed before the allocator's state.
+TEST_P(TrainingMemory, StaticTensorsAreFreedCleanlyAtExit) {
+  const Device d = GetParam();
+  DUALCAST_SKIP_IF_UNAVAILABLE(d);
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  struct Holder {
+    Tensor t;
+  };
+  EXPECT_EXIT(
+      {
+        static Holder holder;
+        holder.t = Tensor::ones({1 << 16}, DType::float32, d);
+        std::exit(holder.t.numel() == (1 << 16) ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
 }
 
 }  // namespace
