@@ -88,7 +88,8 @@ DUALCAST_HD DUALCAST_INLINE bool label_ok(double v, std::int64_t C) {
 enum class LineOp { softmax, log_softmax };
 
 /// Forward partial stats of one thread. Four elements at a time (four loads in flight, one rescale
-/// per four); a group of four that is all -inf or holds a NaN takes the exact one-by-one path.
+/// per four); a group whose running maximum is not finite (all -inf, or a +inf) or that holds a NaN
+/// takes the exact one-by-one path, so wide rows treat infinities as short rows do.
 template <class T>
 DUALCAST_HD DUALCAST_INLINE void line_stats(const T* x, std::int64_t base, std::int64_t stride,
                                             std::int64_t C, int lane, int G, T& m, T& s) {
@@ -103,7 +104,7 @@ DUALCAST_HD DUALCAST_INLINE void line_stats(const T* x, std::int64_t base, std::
     mx = v1 > mx ? v1 : mx;
     mx = v2 > mx ? v2 : mx;
     mx = v3 > mx ? v3 : mx;
-    if (mx == neg_inf<T>() || v0 != v0 || v1 != v1 || v2 != v2 || v3 != v3) {
+    if (!(mx > neg_inf<T>() && mx < -neg_inf<T>()) || v0 != v0 || v1 != v1 || v2 != v2 || v3 != v3) {
       online_add(m, s, v0);
       online_add(m, s, v1);
       online_add(m, s, v2);

@@ -133,6 +133,19 @@ TEST_P(Loss, SoftmaxIsStableForHugeAndInfiniteLogits) {
   const Tensor d = Tensor::from_vector<float>({1, 3}, {-INFINITY, 0.0f, -INFINITY}, dev());
   expect_close(softmax(d).to_vector<double>(), {0.0, 1.0, 0.0}, 0.0, "softmax leading -inf");
   EXPECT_EQ(log_softmax(d).to_vector<double>()[1], 0.0);
+  // +inf in a row wide enough for the four-at-a-time path: NaN at the +inf (inf - inf), 0 elsewhere,
+  // exactly as in a short row (and as PyTorch does), not NaN across the row.
+  for (std::int64_t C : {3, 257}) {
+    std::vector<float> row(static_cast<std::size_t>(C), 0.5f);
+    row[1] = INFINITY;
+    const auto y = softmax(Tensor::from_vector<float>({1, C}, row, dev())).to_vector<double>();
+    for (std::int64_t k = 0; k < C; ++k) {
+      if (k == 1)
+        EXPECT_TRUE(std::isnan(y[1])) << "C " << C;
+      else
+        EXPECT_EQ(y[static_cast<std::size_t>(k)], 0.0) << "C " << C << " k " << k;
+    }
+  }
 }
 
 TEST_P(Loss, SoftmaxAndLogSoftmaxGradientsMatchFiniteDifferences) {
