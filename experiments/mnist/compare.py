@@ -22,17 +22,16 @@ ACCURACY_ATOL = 0.005
 
 
 def read(path):
+    need = ("epoch", "train_loss", "test_loss", "test_accuracy", "epoch_seconds")
     try:
         with open(path, newline="") as f:
             rows = list(csv.DictReader(f))
-    except OSError as exc:
-        raise SystemExit(f"compare.py: cannot read {path}: {exc.strerror}") from None
-    need = ("epoch", "train_loss", "test_loss", "test_accuracy", "epoch_seconds")
-    if not rows or any(k not in rows[0] for k in need):
-        print(f"compare.py: {path} is not an mnist_train CSV (needs columns {', '.join(need)})",
-              file=sys.stderr)
+        if not rows or any(k not in rows[0] for k in need):
+            raise ValueError(f"not an mnist_train CSV (needs columns {', '.join(need)})")
+        return [{k: float(r[k]) for k in need} for r in rows]
+    except (OSError, ValueError) as exc:  # bad input is status 2; 1 means the curves differ
+        print(f"compare.py: {path}: {exc}", file=sys.stderr)
         sys.exit(2)
-    return [{k: float(r[k]) for k in need} for r in rows]
 
 
 def main(argv=None):

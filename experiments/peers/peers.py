@@ -516,26 +516,30 @@ def run(args):
         return deadline is not None and time.time() > deadline
 
     budget_note = "skipped: time budget of %s s spent" % (args.time_budget,)
+
+    def skip_all(method, workloads, note):
+        """One 'skipped' record per size (a, b) or hidden size (e) of `workloads`."""
+        for w in workloads:
+            for key in (args.e_hidden if w == "e" else args.dims):
+                res.add(record(w, _e_cfg(args, key) if w == "e" else key, method, note=note))
+
     for method in args.methods:
         if out_of_time():
             log("[%s] %s" % (method, budget_note))
-            for w in args.workloads:
-                for key in (args.e_hidden if w == "e" else args.dims):
-                    res.add(record(w, _e_cfg(args, key) if w == "e" else key, method, note=budget_note))
+            skip_all(method, args.workloads, budget_note)
             continue
         be, skip = load_backend(method, opts)
         if be is None:
             log("[%s] %s" % (method, skip))
-            for w in args.workloads:
-                if w == "e":
-                    for H in args.e_hidden:
-                        res.add(record("e", _e_cfg(args, H), method, note=skip))
-                else:
-                    for d in args.dims:
-                        res.add(record(w, d, method, note=skip))
+            skip_all(method, args.workloads, skip)
             continue
         log("[%s] %s" % (method, be.describe()))
         for w in args.workloads:
+            # checked before the workload's validation too: that alone may compile (torch.compile)
+            if out_of_time():
+                log("[%s] %s: %s" % (method, w, budget_note))
+                skip_all(method, [w], budget_note)
+                continue
             if w in ("a", "b"):
                 dir_check = _guarded(check_cell_dir, be, w, vd, args.rtol_cell) if vd else None
                 if dir_check is not None:
@@ -547,11 +551,6 @@ def run(args):
                         continue
                     measure_cell(be, args, cache, w, d, dir_check, res)
             else:
-                if out_of_time():
-                    log("[%s] e: %s" % (method, budget_note))
-                    for H in args.e_hidden:
-                        res.add(record("e", _e_cfg(args, H), method, note=budget_note))
-                    continue
                 checks = []
                 if vd is not None:
                     checks.append(_guarded(check_model_dir, be, vd, args.e_lr, args.rtol_model))
