@@ -7,6 +7,7 @@
 
 #include "dualcast/device.hpp"
 #include "dualcast/error.hpp"
+#include "dualcast/stream.hpp"
 
 namespace dualcast::detail {
 
@@ -31,7 +32,7 @@ inline unsigned grid_for(Device device, std::int64_t n, int blocks_per_sm = 8) {
 template <class Body>
 void launch_parallel_for(Device device, std::int64_t n, const Body& body) {
   DeviceGuard guard(device);
-  parallel_for_kernel<<<grid_for(device, n), kBlockSize>>>(n, body);
+  parallel_for_kernel<<<grid_for(device, n), kBlockSize, 0, stream(device)>>>(n, body);
   DUALCAST_CUDA_CHECK_LAUNCH();
 }
 

@@ -545,16 +545,16 @@ void gpu_reduce(Device device, const ReducePlan& p, const Load& load, const Op& 
   };
   if (rows) {
     if (per_out == kReduceBlock)
-      reduce_rows_kernel<kReduceBlock, Acc><<<grid(1), kReduceBlock>>>(p, load, op, store, partial,
+      reduce_rows_kernel<kReduceBlock, Acc><<<grid(1), kReduceBlock, 0, stream(device)>>>(p, load, op, store, partial,
                                                                       splits);
     else
-      reduce_rows_kernel<32, Acc><<<grid(kReduceBlock / 32), kReduceBlock>>>(p, load, op, store,
+      reduce_rows_kernel<32, Acc><<<grid(kReduceBlock / 32), kReduceBlock, 0, stream(device)>>>(p, load, op, store,
                                                                             partial, splits);
   } else if (col_r == 8) {
-    reduce_cols_kernel<8, Acc><<<grid(kReduceBlock / 8), kReduceBlock>>>(p, load, op, store,
+    reduce_cols_kernel<8, Acc><<<grid(kReduceBlock / 8), kReduceBlock, 0, stream(device)>>>(p, load, op, store,
                                                                         partial, splits);
   } else {
-    reduce_cols_kernel<1, Acc><<<grid(kReduceBlock), kReduceBlock>>>(p, load, op, store, partial,
+    reduce_cols_kernel<1, Acc><<<grid(kReduceBlock), kReduceBlock, 0, stream(device)>>>(p, load, op, store, partial,
                                                                     splits);
   }
   DUALCAST_CUDA_CHECK_LAUNCH();
@@ -576,12 +576,12 @@ void gpu_full_sum(Device device, const T* x, std::int64_t n, double* out) {
   DeviceGuard guard(device);
   std::size_t bytes = 0;
   DUALCAST_CUDA_CHECK(cub::DeviceReduce::TransformReduce(nullptr, bytes, x, out, n, PlusDouble{},
-                                                         ToDouble<T>{}, 0.0, cudaStream_t{}));
+                                                         ToDouble<T>{}, 0.0, stream(device)));
   Tensor tmp = Tensor::empty(Shape{static_cast<std::int64_t>(bytes > 0 ? bytes : 1)}, DType::uint8,
                              device);
   DUALCAST_CUDA_CHECK(cub::DeviceReduce::TransformReduce(tmp.raw_data(), bytes, x, out, n,
                                                          PlusDouble{}, ToDouble<T>{}, 0.0,
-                                                         cudaStream_t{}));
+                                                         stream(device)));
 }
 
 #endif  // __CUDACC__

@@ -14,6 +14,7 @@
 #include <cblas.h>
 
 #include "dualcast/error.hpp"
+#include "dualcast/stream.hpp"
 
 #if DUALCAST_WITH_CUDA
 #include <cublas_v2.h>
@@ -79,10 +80,10 @@ cublasHandle_t cublas_handle(Device device) {
     DeviceGuard guard(device);
     cublasHandle_t h = nullptr;
     DUALCAST_CUBLAS_CHECK(cublasCreate(&h));
-    // The legacy default stream, like every other dualcast kernel and copy: the caching allocator
-    // may hand a freed block to the next op as soon as it is released, which is safe only when all
-    // work is ordered on one stream.
-    DUALCAST_CUBLAS_CHECK(cublasSetStream(h, nullptr));
+    // dualcast's stream, like every other dualcast kernel and copy: the caching allocator may hand a
+    // freed block to the next op as soon as it is released, which is safe only when all work is
+    // ordered on one stream.
+    DUALCAST_CUBLAS_CHECK(cublasSetStream(h, stream(device)));
     // Full fp32: no TF32 tensor-core rounding (CUBLAS_DEFAULT_MATH never down-converts fp32).
     DUALCAST_CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
     DUALCAST_CUBLAS_CHECK(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST));
@@ -160,7 +161,7 @@ void gemm(Device device, DType dtype, bool trans_a, bool trans_b, std::int64_t m
     if (k == 0 && beta == 0.0 && ldc == n && (batch == 1 || stride_c == m * n)) {
       DeviceGuard guard(device);
       DUALCAST_CUDA_CHECK(cudaMemsetAsync(pc, 0, static_cast<std::size_t>(batch * m * n) * sizeof(T),
-                                          nullptr));
+                                          stream(device)));
       return;
     }
     cuda_gemm<T>(device, trans_a, trans_b, m, n, k, alpha, pa, lda, stride_a, pb, ldb, stride_b,

@@ -8,6 +8,7 @@
 
 #include "dualcast/error.hpp"
 #include "dualcast/parallel.hpp"
+#include "dualcast/stream.hpp"
 
 #if DUALCAST_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -89,6 +90,23 @@ std::string device_name(Device device) {
 }
 
 namespace detail {
+#if DUALCAST_WITH_CUDA
+cudaStream_t stream(Device device) {
+  constexpr int kMaxDevices = 64;
+  static std::once_flag once[kMaxDevices];
+  static cudaStream_t streams[kMaxDevices] = {};
+  DUALCAST_CHECK(device.is_cuda() && device.index >= 0 && device.index < kMaxDevices,
+                 "stream: ", device.str(), " is not a CUDA device index dualcast can use");
+  std::call_once(once[device.index], [&] {
+    DeviceGuard guard(device);
+    cudaStream_t s = nullptr;
+    DUALCAST_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamDefault));
+    streams[device.index] = s;
+  });
+  return streams[device.index];
+}
+#endif
+
 DeviceGuard::DeviceGuard(Device device) {
 #if DUALCAST_WITH_CUDA
   if (!device.is_cuda()) return;

@@ -339,9 +339,9 @@ template <LineOp OP, class T>
 void gpu_softmax_forward(Device dev, const Lines& L, const T* x, T* y) {
   DeviceGuard guard(dev);
   const LineLaunch ll = line_launch(dev, L);
-  if (ll.group == 1) softmax_forward_kernel<1, OP, T><<<ll.blocks, kLineBlock>>>(L, x, y);
-  else if (ll.group == 32) softmax_forward_kernel<32, OP, T><<<ll.blocks, kLineBlock>>>(L, x, y);
-  else softmax_forward_kernel<kLineBlock, OP, T><<<ll.blocks, kLineBlock>>>(L, x, y);
+  if (ll.group == 1) softmax_forward_kernel<1, OP, T><<<ll.blocks, kLineBlock, 0, stream(dev)>>>(L, x, y);
+  else if (ll.group == 32) softmax_forward_kernel<32, OP, T><<<ll.blocks, kLineBlock, 0, stream(dev)>>>(L, x, y);
+  else softmax_forward_kernel<kLineBlock, OP, T><<<ll.blocks, kLineBlock, 0, stream(dev)>>>(L, x, y);
   DUALCAST_CUDA_CHECK_LAUNCH();
 }
 
@@ -349,9 +349,9 @@ template <LineOp OP, class T>
 void gpu_softmax_backward(Device dev, const Lines& L, const T* y, const T* g, T* gx) {
   DeviceGuard guard(dev);
   const LineLaunch ll = line_launch(dev, L);
-  if (ll.group == 1) softmax_backward_kernel<1, OP, T><<<ll.blocks, kLineBlock>>>(L, y, g, gx);
-  else if (ll.group == 32) softmax_backward_kernel<32, OP, T><<<ll.blocks, kLineBlock>>>(L, y, g, gx);
-  else softmax_backward_kernel<kLineBlock, OP, T><<<ll.blocks, kLineBlock>>>(L, y, g, gx);
+  if (ll.group == 1) softmax_backward_kernel<1, OP, T><<<ll.blocks, kLineBlock, 0, stream(dev)>>>(L, y, g, gx);
+  else if (ll.group == 32) softmax_backward_kernel<32, OP, T><<<ll.blocks, kLineBlock, 0, stream(dev)>>>(L, y, g, gx);
+  else softmax_backward_kernel<kLineBlock, OP, T><<<ll.blocks, kLineBlock, 0, stream(dev)>>>(L, y, g, gx);
   DUALCAST_CUDA_CHECK_LAUNCH();
 }
 
@@ -364,11 +364,11 @@ void gpu_ce_forward(Device dev, std::int64_t N, std::int64_t C, const T* x, cons
   L.C = C;
   const LineLaunch ll = line_launch(dev, L);
   if (ll.group == 1)
-    ce_forward_kernel<1, T, Lab><<<ll.blocks, kLineBlock>>>(N, C, x, labels, row_loss, stats, bad);
+    ce_forward_kernel<1, T, Lab><<<ll.blocks, kLineBlock, 0, stream(dev)>>>(N, C, x, labels, row_loss, stats, bad);
   else if (ll.group == 32)
-    ce_forward_kernel<32, T, Lab><<<ll.blocks, kLineBlock>>>(N, C, x, labels, row_loss, stats, bad);
+    ce_forward_kernel<32, T, Lab><<<ll.blocks, kLineBlock, 0, stream(dev)>>>(N, C, x, labels, row_loss, stats, bad);
   else
-    ce_forward_kernel<kLineBlock, T, Lab><<<ll.blocks, kLineBlock>>>(N, C, x, labels, row_loss, stats,
+    ce_forward_kernel<kLineBlock, T, Lab><<<ll.blocks, kLineBlock, 0, stream(dev)>>>(N, C, x, labels, row_loss, stats,
                                                                     bad);
   DUALCAST_CUDA_CHECK_LAUNCH();
 }

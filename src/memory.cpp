@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "dualcast/error.hpp"
+#include "dualcast/stream.hpp"
 
 #if DUALCAST_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -209,9 +210,15 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
   const Device d = dst_device.is_cuda() ? dst_device : src_device;
   detail::DeviceGuard guard(d);
   if (dst_device.is_cuda() && src_device.is_cuda() && dst_device.index != src_device.index) {
-    DUALCAST_CUDA_CHECK(cudaMemcpyPeer(dst, dst_device.index, src, src_device.index, bytes));
+    // The source device's pending work must finish before its memory is read from elsewhere.
+    DUALCAST_CUDA_CHECK(cudaStreamSynchronize(detail::stream(src_device)));
+    DUALCAST_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_device.index, src, src_device.index, bytes,
+                                            detail::stream(dst_device)));
   } else {
-    DUALCAST_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+    const cudaStream_t s = detail::stream(d);
+    DUALCAST_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
+    // A copy that touches host memory is complete when it returns (the caller may read or free it).
+    if (dst_device.is_cpu() || src_device.is_cpu()) DUALCAST_CUDA_CHECK(cudaStreamSynchronize(s));
   }
 #else
   DUALCAST_FAIL("copy between ", src_device.str(), " and ", dst_device.str(),

@@ -132,7 +132,7 @@ void broadcast_copy_typed(Device d, T* out, const T* x, std::int64_t n, Broadcas
   if (L < 64) {
     const std::int64_t blocks =
         std::min<std::int64_t>((rows + kReduceBlock - 1) / kReduceBlock, sms * 16);
-    broadcast_short_rows_kernel<T><<<static_cast<unsigned>(blocks), kReduceBlock>>>(
+    broadcast_short_rows_kernel<T><<<static_cast<unsigned>(blocks), kReduceBlock, 0, stream(d)>>>(
         out, x, rows, static_cast<int>(L), ls, outer, scale);
   } else {
     const std::int64_t gx = std::max<std::int64_t>(1, L / (kReduceBlock * 8));
@@ -140,7 +140,7 @@ void broadcast_copy_typed(Device d, T* out, const T* x, std::int64_t n, Broadcas
         std::min<std::int64_t>({rows, std::max<std::int64_t>(1, sms * 16 / gx), 65535});
     broadcast_rows_kernel<T><<<dim3(static_cast<unsigned>(std::min<std::int64_t>(gx, 65535)),
                                     static_cast<unsigned>(gy)),
-                               kReduceBlock>>>(out, x, rows, L, ls, outer, scale);
+                               kReduceBlock, 0, stream(d)>>>(out, x, rows, L, ls, outer, scale);
   }
   DUALCAST_CUDA_CHECK_LAUNCH();
 #endif

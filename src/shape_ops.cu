@@ -117,7 +117,7 @@ void transpose_tiles(Device d, W* out, const W* in, std::int64_t batch, std::int
   const std::int64_t tiles = batch * tiles_r * tiles_c;
   const std::int64_t cap = static_cast<std::int64_t>(multiprocessor_count(d)) * 8;
   const auto grid = static_cast<unsigned>(tiles < cap ? tiles : cap);
-  shape_ops_transpose_tiles<W><<<grid, dim3(kTile, kTileRows)>>>(out, in, rows, cols, tiles_r,
+  shape_ops_transpose_tiles<W><<<grid, dim3(kTile, kTileRows), 0, detail::stream(d)>>>(out, in, rows, cols, tiles_r,
                                                                  tiles_c, tiles);
   DUALCAST_CUDA_CHECK_LAUNCH();
 }

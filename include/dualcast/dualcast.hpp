@@ -6,6 +6,7 @@
 #include "dualcast/device.hpp"
 #include "dualcast/dtype.hpp"
 #include "dualcast/shape.hpp"
+#include "dualcast/stream.hpp"
 #include "dualcast/memory.hpp"
 #include "dualcast/random.hpp"
 #include "dualcast/parallel.hpp"
