@@ -1,9 +1,15 @@
-// broadcast.cuh: the element bodies of a mixed-mode broadcast. ForwardBody evaluates the user's f
-// on dual numbers (one partial per differentiated argument) and writes the outputs (and, under
-// Partials::store, the partials); BackwardBody turns adjoints into per-argument gradients, from stored
-// partials or by re-evaluating f on duals. Both are parallel_for bodies: the CPU threads and the CUDA
-// grid run exactly this code. Each body handles a chunk of V consecutive elements so that contiguous
-// operands move as 16-byte vectors on the GPU.
+// broadcast.cuh: the element bodies of a mixed-mode broadcast and their launcher. ForwardBody
+// evaluates the user's f (on plain numbers when nothing is stored, else on dual numbers with one
+// partial per differentiated argument) and writes the outputs (and, under Partials::store, the
+// partials); BackwardBody turns adjoints into per-argument gradients, from stored partials or by
+// re-evaluating f on duals. The CPU threads and the CUDA grid run exactly this code.
+//
+// Each body handles chunks of V consecutive elements, so that contiguous operands move as aligned
+// 16-byte packets. Two ways to find a chunk's operands:
+//  * the fast path (ChunkIndexer): fewer than 2^31 elements and chunks inside one innermost row;
+//    offsets once per chunk in 32-bit arithmetic, every load of a chunk issued before its arithmetic;
+//  * the general path (BroadcastIndexer): anything else, 64-bit offsets per element.
+// The launcher picks one per call; the arithmetic of an element is shared by both.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +21,12 @@
 #include "dualcast/dual.hpp"
 #include "dualcast/indexing.hpp"
 #include "dualcast/parallel.hpp"
+
+#if defined(__CUDACC__)
+#include <cuda_runtime.h>
+
+#include "dualcast/stream.hpp"
+#endif
 
 namespace dualcast::detail {
 
@@ -57,6 +69,11 @@ struct ValidOutput<R, std::index_sequence<m...>> {
                                      std::declval<const R&>()))> && ...);
 };
 
+/// Slot of an argument that is not differentiated: a Tensor, or a plain number (known at compile
+/// time to be one value for the whole call).
+inline constexpr int kTensorSlot = -1;
+inline constexpr int kNumberSlot = -2;
+
 /// Argument a of f: a dual seeded with unit partial `Slot` for a differentiated argument, else T.
 template <class T, int K, bool DUAL, int Slot>
 DUALCAST_HD DUALCAST_INLINE auto make_arg(T v) {
@@ -81,18 +98,66 @@ inline constexpr int chunk_width = (K <= 6 ? 16 : 8) / static_cast<int>(sizeof(T
                                        ? (K <= 6 ? 16 : 8) / static_cast<int>(sizeof(T))
                                        : 1;
 
+// ---- packets -----------------------------------------------------------------------------------
+
+/// A read-only packet load (the non-coherent path on the GPU: every input of a broadcast is
+/// read-only while its kernel runs).
+template <class T, int V, class Idx>
+DUALCAST_HD DUALCAST_INLINE Packet<T, V> load_packet(const T* p, Idx base) {
+  const auto* src = reinterpret_cast<const Packet<T, V>*>(p + base);
+#if defined(__CUDA_ARCH__)
+  if constexpr (sizeof(Packet<T, V>) == 16) {
+    const float4 r = __ldg(reinterpret_cast<const float4*>(src));
+    Packet<T, V> out;
+    static_assert(sizeof(out) == sizeof(r));
+    __builtin_memcpy(&out, &r, sizeof(r));
+    return out;
+  }
+#endif
+  return *src;
+}
+
+/// A packet store. `streaming` marks data nobody re-reads soon (gradients, stored partials): on
+/// the GPU it is written evict-first, so it does not push inputs out of L2.
+template <class T, int V, class Idx>
+DUALCAST_HD DUALCAST_INLINE void store_packet(T* p, Idx base, const T (&v)[V], bool streaming = false) {
+  Packet<T, V> pk;
+DUALCAST_UNROLL
+  for (int e = 0; e < V; ++e) pk.v[e] = v[e];
+  auto* dst = reinterpret_cast<Packet<T, V>*>(p + base);
+#if defined(__CUDA_ARCH__)
+  if constexpr (sizeof(Packet<T, V>) == 16) {
+    if (streaming) {
+      float4 r;
+      __builtin_memcpy(&r, &pk, sizeof(r));
+      __stcs(reinterpret_cast<float4*>(dst), r);
+      return;
+    }
+  }
+#else
+  (void)streaming;
+#endif
+  *dst = pk;
+}
+
+// ---- operands ----------------------------------------------------------------------------------
+
 /// Operands shared by the forward and backward bodies.
 template <class T, int NA>
 struct BroadcastOperands {
-  BroadcastIndexer<NA> ix;
-  const T* in[NA > 0 ? NA : 1];  ///< argument data, null for a plain number
-  T scal[NA > 0 ? NA : 1];       ///< the number, for plain-number arguments
-  std::int64_t n = 0;            ///< output elements
-  bool vec = false;              ///< every contiguous operand is 16-byte aligned
+  static constexpr int NAX = NA > 0 ? NA : 1;
+  BroadcastIndexer<NA> ix;   ///< general path
+  ChunkIndexer<NA> cix;      ///< fast path (valid when `fast`)
+  const T* in[NAX];          ///< argument data, null for a plain number
+  T scal[NAX];               ///< the number, for plain-number arguments
+  std::int64_t n = 0;        ///< output elements
+  bool vec = false;          ///< every contiguous operand is 16-byte aligned
+  bool fast = false;         ///< the fast path applies (vec, cix valid)
 
+  // -- general path: 64-bit offsets per element ----------------------------------------------
   /// Arguments of element i.
   DUALCAST_HD DUALCAST_INLINE void load(std::int64_t i, T* x) const {
-    std::int64_t off[NA > 0 ? NA : 1];
+    std::int64_t off[NAX];
     ix.offsets(i, off);
 DUALCAST_UNROLL
     for (int a = 0; a < NA; ++a) x[a] = in[a] ? in[a][off[a]] : scal[a];
@@ -100,66 +165,103 @@ DUALCAST_UNROLL
 
   /// Arguments of the V elements base..base+V-1 (a full, aligned chunk).
   template <int V>
-  DUALCAST_HD DUALCAST_INLINE void load_chunk(std::int64_t base, T (&x)[V][NA > 0 ? NA : 1]) const {
+  DUALCAST_HD DUALCAST_INLINE void load_chunk(std::int64_t base, T (&x)[V][NAX]) const {
 DUALCAST_UNROLL
     for (int a = 0; a < NA; ++a) {
       if (in[a] && ix.access[a] == Access::contiguous) {
-        const Packet<T, V> p = *reinterpret_cast<const Packet<T, V>*>(in[a] + base);
+        const Packet<T, V> p = load_packet<T, V>(in[a], base);
 DUALCAST_UNROLL
         for (int e = 0; e < V; ++e) x[e][a] = p.v[e];
       }
     }
     if (!ix.any_strided && NA > 0) {
-      DUALCAST_UNROLL
+DUALCAST_UNROLL
       for (int a = 0; a < NA; ++a)
         if (!(in[a] && ix.access[a] == Access::contiguous)) {
-          DUALCAST_UNROLL
+DUALCAST_UNROLL
           for (int e = 0; e < V; ++e) x[e][a] = in[a] ? in[a][0] : scal[a];
         }
       return;
     }
-    std::int64_t off[NA > 0 ? NA : 1];
+    std::int64_t off[NAX];
     ix.offsets(base, off);
     if (ix.inner_dim % V == 0) {
       // The chunk lies in one innermost row: its elements differ only in the last coordinate.
-      DUALCAST_UNROLL
+DUALCAST_UNROLL
       for (int e = 0; e < V; ++e)
-        DUALCAST_UNROLL
+DUALCAST_UNROLL
         for (int a = 0; a < NA; ++a)
           if (!(in[a] && ix.access[a] == Access::contiguous))
             x[e][a] = in[a] ? in[a][off[a] + e * ix.inner_stride[a]] : scal[a];
       return;
     }
-    DUALCAST_UNROLL
+DUALCAST_UNROLL
     for (int e = 0; e < V; ++e) {
       if (e > 0) ix.offsets(base + e, off);
-      DUALCAST_UNROLL
+DUALCAST_UNROLL
       for (int a = 0; a < NA; ++a)
         if (!(in[a] && ix.access[a] == Access::contiguous)) x[e][a] = in[a] ? in[a][off[a]] : scal[a];
     }
   }
+
+  // -- fast path: 32-bit offsets once per chunk ---------------------------------------------
+  /// Arguments of the full chunk base..base+V-1; every load is issued before any is used. Slots
+  /// tell plain numbers (kNumberSlot) apart at compile time; a tensor argument costs one uniform
+  /// branch (a packet, or one value for the chunk).
+  template <int V, int... Slots>
+  DUALCAST_HD DUALCAST_INLINE void load_fast(std::uint32_t base, T (&x)[V][NAX]) const {
+    std::uint32_t off[NAX];
+    cix.offsets(base, off);
+    load_fast_args<V>(off, x, std::integer_sequence<int, Slots...>{}, std::make_index_sequence<NA>{});
+  }
+
+  template <int V, int... Slots, std::size_t... A>
+  DUALCAST_HD DUALCAST_INLINE void load_fast_args(const std::uint32_t (&off)[NAX], T (&x)[V][NAX],
+                                                  std::integer_sequence<int, Slots...>,
+                                                  std::index_sequence<A...>) const {
+    (load_fast_arg<V, static_cast<int>(A), Slots>(off[A], x), ...);
+  }
+
+  template <int V, int a, int Slot>
+  DUALCAST_HD DUALCAST_INLINE void load_fast_arg(std::uint32_t off, T (&x)[V][NAX]) const {
+    if constexpr (Slot == kNumberSlot) {
+      (void)off;
+DUALCAST_UNROLL
+      for (int e = 0; e < V; ++e) x[e][a] = scal[a];
+    } else if (cix.read[a] == ChunkRead::packet || cix.read[a] == ChunkRead::strided_packet) {
+      const Packet<T, V> p = load_packet<T, V>(in[a], off);
+DUALCAST_UNROLL
+      for (int e = 0; e < V; ++e) x[e][a] = p.v[e];
+    } else {
+#if defined(__CUDA_ARCH__)
+      const T v = __ldg(in[a] + off);
+#else
+      const T v = in[a][off];
+#endif
+DUALCAST_UNROLL
+      for (int e = 0; e < V; ++e) x[e][a] = v;
+    }
+  }
+
+  /// Arguments of element i on the fast path (only the tail of a call without strided operands
+  /// needs it: with strided operands n is a multiple of V).
+  DUALCAST_HD DUALCAST_INLINE void load_fast_one(std::uint32_t i, T* x) const {
+DUALCAST_UNROLL
+    for (int a = 0; a < NA; ++a) x[a] = !in[a] ? scal[a] : in[a][i * cix.own[a]];
+  }
 };
 
-template <class T, int V>
-DUALCAST_HD DUALCAST_INLINE void store_chunk(T* p, std::int64_t base, const T (&v)[V]) {
-  Packet<T, V> pk;
-DUALCAST_UNROLL
-  for (int e = 0; e < V; ++e) pk.v[e] = v[e];
-  *reinterpret_cast<Packet<T, V>*>(p + base) = pk;
-}
-template <class T, int V>
-DUALCAST_HD DUALCAST_INLINE Packet<T, V> load_packet(const T* p, std::int64_t base) {
-  return *reinterpret_cast<const Packet<T, V>*>(p + base);
-}
+// ---- forward -----------------------------------------------------------------------------------
 
 /// Forward: out[m][i] = value(f(args at i))[m]; under STORE also part[m][k][i] = partial k.
-/// DUAL=false evaluates f on plain numbers (nothing to differentiate).
+/// DUAL=false evaluates f on plain numbers (nothing to differentiate, or nothing stored).
 template <class T, int K, int M, bool DUAL, bool STORE, class F, class Slots>
 struct ForwardBody;
 
 template <class T, int K, int M, bool DUAL, bool STORE, class F, int... Slots>
 struct ForwardBody<T, K, M, DUAL, STORE, F, std::integer_sequence<int, Slots...>> {
   static constexpr int NA = sizeof...(Slots);
+  static constexpr int NAX = NA > 0 ? NA : 1;
   static constexpr int KK = K > 0 ? K : 1;
   static constexpr int V = chunk_width<T, K>;
   static constexpr bool device_only = is_device_only_lambda<F>;
@@ -182,58 +284,87 @@ DUALCAST_UNROLL
     });
   }
 
-  DUALCAST_HD void operator()(std::int64_t chunk) const {
-    const std::int64_t base = chunk * V;
-    if (ops.vec && base + V <= ops.n) {
-      T x[V][NA > 0 ? NA : 1];
-      ops.template load_chunk<V>(base, x);
-      T y[M][V];
-      T p[M][KK][V];
+  /// A full chunk whose arguments are loaded: evaluate and store.
+  template <class Idx>
+  DUALCAST_HD DUALCAST_INLINE void finish_chunk(Idx base, const T (&x)[V][NAX]) const {
+    T y[M][V];
+    T p[M][KK][V];
 DUALCAST_UNROLL
-      for (int e = 0; e < V; ++e) {
-        T ye[M];
-        T pe[M][KK];
-        eval(x[e], ye, pe);
-DUALCAST_UNROLL
-        for (int m = 0; m < M; ++m) {
-          y[m][e] = ye[m];
-          if constexpr (STORE) {
-DUALCAST_UNROLL
-            for (int k = 0; k < K; ++k) p[m][k][e] = pe[m][k];
-          }
-        }
-      }
-DUALCAST_UNROLL
-      for (int m = 0; m < M; ++m) {
-        store_chunk<T, V>(out[m], base, y[m]);
-        if constexpr (STORE) {
-DUALCAST_UNROLL
-          for (int k = 0; k < K; ++k)
-            if (part[m][k]) store_chunk<T, V>(part[m][k], base, p[m][k]);
-        }
-      }
-      return;
-    }
     for (int e = 0; e < V; ++e) {
-      const std::int64_t i = base + e;
-      if (i >= ops.n) return;
-      T x[NA > 0 ? NA : 1];
-      ops.load(i, x);
-      T y[M];
-      T p[M][KK];
-      eval(x, y, p);
+      T ye[M];
+      T pe[M][KK];
+      eval(x[e], ye, pe);
 DUALCAST_UNROLL
       for (int m = 0; m < M; ++m) {
-        out[m][i] = y[m];
+        y[m][e] = ye[m];
         if constexpr (STORE) {
 DUALCAST_UNROLL
-          for (int k = 0; k < K; ++k)
-            if (part[m][k]) part[m][k][i] = p[m][k];
+          for (int k = 0; k < K; ++k) p[m][k][e] = pe[m][k];
         }
+      }
+    }
+DUALCAST_UNROLL
+    for (int m = 0; m < M; ++m) {
+      store_packet<T, V>(out[m], base, y[m]);
+      if constexpr (STORE) {
+DUALCAST_UNROLL
+        for (int k = 0; k < K; ++k)
+          if (part[m][k]) store_packet<T, V>(part[m][k], base, p[m][k], /*streaming=*/true);
       }
     }
   }
+
+  template <class Idx>
+  DUALCAST_HD DUALCAST_INLINE void finish_one(Idx i, const T* x) const {
+    T y[M];
+    T p[M][KK];
+    eval(x, y, p);
+DUALCAST_UNROLL
+    for (int m = 0; m < M; ++m) {
+      out[m][i] = y[m];
+      if constexpr (STORE) {
+DUALCAST_UNROLL
+        for (int k = 0; k < K; ++k)
+          if (part[m][k]) part[m][k][i] = p[m][k];
+      }
+    }
+  }
+
+  /// General path: chunk `chunk` of any call.
+  DUALCAST_HD void operator()(std::int64_t chunk) const {
+    const std::int64_t base = chunk * V;
+    if (ops.vec && base + V <= ops.n) {
+      T x[V][NAX];
+      ops.template load_chunk<V>(base, x);
+      finish_chunk(base, x);
+      return;
+    }
+    for (std::int64_t i = base; i < base + V && i < ops.n; ++i) {
+      T x[NAX];
+      ops.load(i, x);
+      finish_one(i, x);
+    }
+  }
+
+  /// Fast path: chunk `chunk` of a call with ops.fast.
+  DUALCAST_HD DUALCAST_INLINE void fast_chunk(std::uint32_t chunk) const {
+    const std::uint32_t base = chunk * V;
+    const auto n = static_cast<std::uint32_t>(ops.n);
+    if (base + V <= n) {
+      T x[V][NAX];
+      ops.template load_fast<V, Slots...>(base, x);
+      finish_chunk(base, x);
+      return;
+    }
+    for (std::uint32_t i = base; i < n; ++i) {
+      T x[NAX];
+      ops.load_fast_one(i, x);
+      finish_one(i, x);
+    }
+  }
 };
+
+// ---- backward ----------------------------------------------------------------------------------
 
 /// Backward: for every differentiated argument k with a destination,
 ///   gout[k][i] = gold[k][i] (or 0) + sum_m adj[m][i] * d out_m / d arg_k (at element i),
@@ -244,6 +375,7 @@ struct BackwardBody;
 template <class T, int K, int M, bool STORE, class F, int... Slots>
 struct BackwardBody<T, K, M, STORE, F, std::integer_sequence<int, Slots...>> {
   static constexpr int NA = sizeof...(Slots);
+  static constexpr int NAX = NA > 0 ? NA : 1;
   static constexpr int V = chunk_width<T, K>;
   static constexpr bool device_only = is_device_only_lambda<F>;
   F f;
@@ -252,9 +384,83 @@ struct BackwardBody<T, K, M, STORE, F, std::integer_sequence<int, Slots...>> {
   const T* adj[M];      ///< null: nothing flowed into output m
   T* gout[K];           ///< null: argument k needs no gradient
   const T* gold[K];     ///< null: no earlier gradient to add to
+  bool stream_out[K];   ///< gout[k] is nobody's input soon (a gradient, not a buffer to reduce)
 
-  /// d[m][k] at element i (x: the arguments of element i, used when recomputing).
-  DUALCAST_HD DUALCAST_INLINE void partials_at(std::int64_t i, const T* x, T (*d)[K]) const {
+  /// d[m][k] of f at one element whose arguments are x (recompute).
+  DUALCAST_HD DUALCAST_INLINE void recompute(const T* x, T (*d)[K]) const {
+    const auto r = invoke_at<T, K, true>(f, x, std::integer_sequence<int, Slots...>{},
+                                         std::make_index_sequence<NA>{});
+    using R = std::remove_cvref_t<decltype(r)>;
+    static_for(std::make_integer_sequence<int, M>{}, [&](auto m) {
+      const auto& o = OutputTraits<R>::template get<decltype(m)::value>(r);
+DUALCAST_UNROLL
+      for (int k = 0; k < K; ++k) d[m][k] = static_cast<T>(partial(o, k));
+    });
+  }
+
+  /// A full chunk whose arguments are loaded (recompute; STORE ignores x): gradients, stored.
+  template <class Idx>
+  DUALCAST_HD DUALCAST_INLINE void finish_chunk(Idx base, const T (&x)[V][NAX]) const {
+    T a[M][V];
+DUALCAST_UNROLL
+    for (int m = 0; m < M; ++m) {
+      if (adj[m]) {
+        const Packet<T, V> pa = load_packet<T, V>(adj[m], base);
+DUALCAST_UNROLL
+        for (int e = 0; e < V; ++e) a[m][e] = pa.v[e];
+      } else {
+DUALCAST_UNROLL
+        for (int e = 0; e < V; ++e) a[m][e] = T(0);
+      }
+    }
+    T g[K][V];
+    if constexpr (STORE) {
+      (void)x;
+DUALCAST_UNROLL
+      for (int k = 0; k < K; ++k) {
+DUALCAST_UNROLL
+        for (int e = 0; e < V; ++e) g[k][e] = T(0);
+DUALCAST_UNROLL
+        for (int m = 0; m < M; ++m) {
+          if (!part[m][k] || !adj[m]) continue;
+          const Packet<T, V> pp = load_packet<T, V>(part[m][k], base);
+DUALCAST_UNROLL
+          for (int e = 0; e < V; ++e) g[k][e] += a[m][e] * pp.v[e];
+        }
+      }
+    } else {
+DUALCAST_UNROLL
+      for (int e = 0; e < V; ++e) {
+        T d[M][K];
+        recompute(x[e], d);
+DUALCAST_UNROLL
+        for (int k = 0; k < K; ++k) {
+          T s = T(0);
+DUALCAST_UNROLL
+          for (int m = 0; m < M; ++m)
+            if (adj[m]) s += a[m][e] * d[m][k];
+          g[k][e] = s;
+        }
+      }
+    }
+DUALCAST_UNROLL
+    for (int k = 0; k < K; ++k) {
+      if (!gout[k]) continue;
+      if (gold[k]) {
+        const Packet<T, V> po = load_packet<T, V>(gold[k], base);
+DUALCAST_UNROLL
+        for (int e = 0; e < V; ++e) g[k][e] += po.v[e];
+      }
+      store_packet<T, V>(gout[k], base, g[k], stream_out[k]);
+    }
+  }
+
+  template <class Idx>
+  DUALCAST_HD DUALCAST_INLINE void finish_one(Idx i, const T* x) const {
+    T a[M];
+DUALCAST_UNROLL
+    for (int m = 0; m < M; ++m) a[m] = adj[m] ? adj[m][i] : T(0);
+    T d[M][K];
     if constexpr (STORE) {
       (void)x;
 DUALCAST_UNROLL
@@ -262,85 +468,117 @@ DUALCAST_UNROLL
 DUALCAST_UNROLL
         for (int k = 0; k < K; ++k) d[m][k] = part[m][k] ? part[m][k][i] : T(0);
     } else {
-      (void)i;
-      const auto r = invoke_at<T, K, true>(f, x, std::integer_sequence<int, Slots...>{},
-                                           std::make_index_sequence<NA>{});
-      using R = std::remove_cvref_t<decltype(r)>;
-      static_for(std::make_integer_sequence<int, M>{}, [&](auto m) {
-        const auto& o = OutputTraits<R>::template get<decltype(m)::value>(r);
-DUALCAST_UNROLL
-        for (int k = 0; k < K; ++k) d[m][k] = static_cast<T>(partial(o, k));
-      });
+      recompute(x, d);
     }
-  }
-
-  DUALCAST_HD DUALCAST_INLINE void grads_at(const T* a, const T (*d)[K], T* g) const {
 DUALCAST_UNROLL
     for (int k = 0; k < K; ++k) {
-      T s = T(0);
+      if (!gout[k]) continue;
+      T s = gold[k] ? gold[k][i] : T(0);
 DUALCAST_UNROLL
       for (int m = 0; m < M; ++m)
         if (adj[m]) s += a[m] * d[m][k];
-      g[k] = s;
+      gout[k][i] = s;
     }
   }
 
+  /// General path: chunk `chunk` of any call.
   DUALCAST_HD void operator()(std::int64_t chunk) const {
     const std::int64_t base = chunk * V;
     if (ops.vec && base + V <= ops.n) {
-      T x[V][NA > 0 ? NA : 1];
+      T x[V][NAX];
       if constexpr (!STORE) ops.template load_chunk<V>(base, x);
-      T a[V][M];
-DUALCAST_UNROLL
-      for (int m = 0; m < M; ++m) {
-        if (adj[m]) {
-          const Packet<T, V> pa = load_packet<T, V>(adj[m], base);
-DUALCAST_UNROLL
-          for (int e = 0; e < V; ++e) a[e][m] = pa.v[e];
-        } else {
-DUALCAST_UNROLL
-          for (int e = 0; e < V; ++e) a[e][m] = T(0);
-        }
-      }
-      T g[K][V];
-DUALCAST_UNROLL
-      for (int e = 0; e < V; ++e) {
-        T d[M][K];
-        partials_at(base + e, x[e], d);
-        T ge[K];
-        grads_at(a[e], d, ge);
-DUALCAST_UNROLL
-        for (int k = 0; k < K; ++k) g[k][e] = ge[k];
-      }
-DUALCAST_UNROLL
-      for (int k = 0; k < K; ++k) {
-        if (!gout[k]) continue;
-        if (gold[k]) {
-          const Packet<T, V> po = load_packet<T, V>(gold[k], base);
-DUALCAST_UNROLL
-          for (int e = 0; e < V; ++e) g[k][e] += po.v[e];
-        }
-        store_chunk<T, V>(gout[k], base, g[k]);
-      }
+      finish_chunk(base, x);
       return;
     }
-    for (int e = 0; e < V; ++e) {
-      const std::int64_t i = base + e;
-      if (i >= ops.n) return;
-      T x[NA > 0 ? NA : 1];
+    for (std::int64_t i = base; i < base + V && i < ops.n; ++i) {
+      T x[NAX];
       if constexpr (!STORE) ops.load(i, x);
-      T a[M];
-DUALCAST_UNROLL
-      for (int m = 0; m < M; ++m) a[m] = adj[m] ? adj[m][i] : T(0);
-      T d[M][K];
-      partials_at(i, x, d);
-      T g[K];
-      grads_at(a, d, g);
-DUALCAST_UNROLL
-      for (int k = 0; k < K; ++k)
-        if (gout[k]) gout[k][i] = (gold[k] ? gold[k][i] : T(0)) + g[k];
+      finish_one(i, x);
+    }
+  }
+
+  /// Fast path: chunk `chunk` of a call with ops.fast.
+  DUALCAST_HD DUALCAST_INLINE void fast_chunk(std::uint32_t chunk) const {
+    const std::uint32_t base = chunk * V;
+    const auto n = static_cast<std::uint32_t>(ops.n);
+    if (base + V <= n) {
+      T x[V][NAX];
+      if constexpr (!STORE) ops.template load_fast<V, Slots...>(base, x);
+      finish_chunk(base, x);
+      return;
+    }
+    for (std::uint32_t i = base; i < n; ++i) {
+      T x[NAX];
+      if constexpr (!STORE) ops.load_fast_one(i, x);
+      finish_one(i, x);
     }
   }
 };
+
+// ---- launch ------------------------------------------------------------------------------------
+
+/// Adapts a body's fast path to parallel_for's index type on the CPU.
+template <class Body>
+struct FastChunks {
+  static constexpr bool device_only = Body::device_only;
+  Body body;
+  DUALCAST_HD DUALCAST_INLINE void operator()(std::int64_t chunk) const {
+    body.fast_chunk(static_cast<std::uint32_t>(chunk));
+  }
+};
+
+#if defined(__CUDACC__)
+inline constexpr int kBroadcastThreads = 256;
+
+/// The fast path's kernel: a grid-stride loop over chunks with 32-bit indices.
+template <class Body>
+__global__ void __launch_bounds__(kBroadcastThreads)
+    broadcast_fast_kernel(const Body body, std::uint32_t chunks) {
+  const std::uint32_t stride = gridDim.x * kBroadcastThreads;
+  for (std::uint32_t c = blockIdx.x * kBroadcastThreads + threadIdx.x; c < chunks; c += stride)
+    body.fast_chunk(c);
+}
+
+/// Blocks of broadcast_fast_kernel<Body> that fit on one multiprocessor (asked once per body type).
+template <class Body>
+int broadcast_blocks_per_sm() {
+  static const int blocks = [] {
+    int b = 0;
+    DUALCAST_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &b, broadcast_fast_kernel<Body>, kBroadcastThreads, 0));
+    return b > 0 ? b : 1;
+  }();
+  return blocks;
+}
+#endif
+
+/// Runs `body` over the n output elements of its call: the fast path when ops.fast, else the
+/// general one. One resident wave of blocks on the GPU, each thread looping over chunks.
+template <class Body>
+void launch_broadcast(Device device, const Body& body) {
+  const std::int64_t n = body.ops.n;
+  const std::int64_t chunks = (n + Body::V - 1) / Body::V;
+  if (chunks <= 0) return;
+  if (!body.ops.fast) {
+    parallel_for(device, chunks, body, /*cpu_grain=*/kCpuGrain / Body::V);
+    return;
+  }
+  if (device.is_cpu()) {
+    parallel_for(device, chunks, FastChunks<Body>{body}, /*cpu_grain=*/kCpuGrain / Body::V);
+    return;
+  }
+#if defined(__CUDACC__)
+  DeviceGuard guard(device);
+  const std::int64_t needed = (chunks + kBroadcastThreads - 1) / kBroadcastThreads;
+  const std::int64_t wave =
+      static_cast<std::int64_t>(multiprocessor_count(device)) * broadcast_blocks_per_sm<Body>();
+  const auto blocks = static_cast<unsigned>(needed < wave ? needed : wave);
+  broadcast_fast_kernel<Body><<<blocks, kBroadcastThreads, 0, stream(device)>>>(
+      body, static_cast<std::uint32_t>(chunks));
+  DUALCAST_CUDA_CHECK_LAUNCH();
+#else
+  parallel_for(device, chunks, FastChunks<Body>{body});  // fails with the host-compiler message
+#endif
+}
 
 }  // namespace dualcast::detail

@@ -65,7 +65,8 @@ struct ArgList {
   static constexpr std::array<int, sizeof...(Args)> slots = [] {
     std::array<int, sizeof...(Args)> s{};
     int k = 0;
-    for (std::size_t a = 0; a < s.size(); ++a) s[a] = kinds[a] == kVarArg ? k++ : -1;
+    for (std::size_t a = 0; a < s.size(); ++a)
+      s[a] = kinds[a] == kVarArg ? k++ : kinds[a] == kNumberArg ? kNumberSlot : kTensorSlot;
     return s;
   }();
   template <std::size_t... I>
@@ -122,11 +123,20 @@ struct CallPlan {
 };
 CallPlan plan_broadcast(std::vector<ArgInfo> args);
 
+inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+
+/// The operands of a call for element type T, and which path (fast or general) can run it with
+/// chunks of V elements.
 template <class T, int NA>
-BroadcastOperands<T, NA> make_operands(const CallPlan& plan) {
+BroadcastOperands<T, NA> make_operands(const CallPlan& plan, int V) {
   BroadcastOperands<T, NA> ops;
-  std::vector<Shape> shapes;
-  for (const auto& a : plan.args) shapes.push_back(a.tensor.defined() ? a.tensor.shape() : Shape{});
+  std::vector<Shape> shapes(static_cast<std::size_t>(NA));
+  bool present[NA > 0 ? NA : 1] = {};
+  for (int a = 0; a < NA; ++a) {
+    const auto& t = plan.args[static_cast<std::size_t>(a)].tensor;
+    if (t.defined()) shapes[static_cast<std::size_t>(a)] = t.shape();
+    present[a] = t.defined();
+  }
   ops.ix = make_indexer<NA>(plan.out_shape, shapes);
   ops.n = plan.out_shape.numel();
   ops.vec = true;
@@ -135,17 +145,17 @@ BroadcastOperands<T, NA> make_operands(const CallPlan& plan) {
     ops.in[a] = info.tensor.defined() ? info.tensor.template data<T>() : nullptr;
     ops.scal[a] = static_cast<T>(info.number);
     if (!ops.in[a]) ops.ix.access[a] = Access::scalar;
-    if (ops.in[a] && ops.ix.access[a] == Access::contiguous &&
-        reinterpret_cast<std::uintptr_t>(ops.in[a]) % 16 != 0)
-      ops.vec = false;
+    if (ops.in[a] && ops.ix.access[a] != Access::scalar && !aligned16(ops.in[a])) ops.vec = false;
   }
+  ops.fast = ops.vec && make_chunk_indexer(ops.ix, ops.n, V, present, ops.cix);
   return ops;
 }
 
-template <class Body>
-void launch_chunks(Device device, std::int64_t n, const Body& body) {
-  const std::int64_t chunks = (n + Body::V - 1) / Body::V;
-  parallel_for(device, chunks, body, /*cpu_grain=*/kCpuGrain / Body::V);
+/// Clears the fast and vector paths when an extra packet operand (output, adjoint, gradient,
+/// partials) is not 16-byte aligned.
+template <class Ops>
+void require_aligned(Ops& ops, const void* p) {
+  if (p && !aligned16(p)) ops.vec = ops.fast = false;
 }
 
 /// Where the gradient of one differentiated argument goes in a backward launch.
@@ -204,10 +214,11 @@ class BroadcastNode final : public Node {
     BackwardBody<T, K, M, false, F, Slots> rb{f_};
     BackwardBody<T, K, M, true, F, Slots> sb{f_};
     auto fill = [&](auto& body) {
-      body.ops = make_operands<T, NA>(plan_);
+      body.ops = make_operands<T, NA>(plan_, std::remove_cvref_t<decltype(body)>::V);
       for (int m = 0; m < M; ++m) {
         const Tensor& g = grad_outputs[static_cast<std::size_t>(m)];
         body.adj[m] = g.defined() ? g.template data<T>() : nullptr;
+        require_aligned(body.ops, body.adj[m]);
       }
       for (int k = 0; k < K; ++k) {
         GradTarget& t = targets[static_cast<std::size_t>(k)];
@@ -215,10 +226,11 @@ class BroadcastNode final : public Node {
         body.gold[k] = (t.state && t.direct && t.state->grad.defined())
                            ? t.state->grad.template data<T>()
                            : nullptr;
-      }
-      if constexpr (std::remove_cvref_t<decltype(body)>::V > 1) {
-        for (int m = 0; m < M; ++m)
-          if (body.adj[m] && reinterpret_cast<std::uintptr_t>(body.adj[m]) % 16 != 0) body.ops.vec = false;
+        // A direct gradient waits for the optimizer; a broadcast argument's buffer is reduced
+        // by sum_to at once and should stay in cache.
+        body.stream_out[k] = t.state && t.direct;
+        require_aligned(body.ops, body.gout[k]);
+        require_aligned(body.ops, body.gold[k]);
       }
     };
     if constexpr (kStorable) {
@@ -228,13 +240,14 @@ class BroadcastNode final : public Node {
           for (int k = 0; k < K; ++k) {
             const Tensor& p = partials_[static_cast<std::size_t>(m * K + k)];
             sb.part[m][k] = p.defined() ? p.template data<T>() : nullptr;
+            require_aligned(sb.ops, sb.part[m][k]);
           }
-        launch_chunks(dev, out_shape.numel(), sb);
+        launch_broadcast(dev, sb);
       }
     }
     if (policy_ != Partials::store) {
       fill(rb);
-      launch_chunks(dev, out_shape.numel(), rb);
+      launch_broadcast(dev, rb);
     }
 
     for (int k = 0; k < K; ++k) {
@@ -280,8 +293,11 @@ auto broadcast_typed(Partials policy, const F& f, CallPlan plan, const std::vect
 
   std::vector<Tensor> partials;
   auto set_outputs = [&](auto& body) {
-    body.ops = make_operands<T, NA>(plan);
-    for (int m = 0; m < M; ++m) body.out[m] = outs[static_cast<std::size_t>(m)].template data<T>();
+    body.ops = make_operands<T, NA>(plan, std::remove_cvref_t<decltype(body)>::V);
+    for (int m = 0; m < M; ++m) {
+      body.out[m] = outs[static_cast<std::size_t>(m)].template data<T>();
+      require_aligned(body.ops, body.out[m]);
+    }
   };
   const bool store = kStorable && differentiate && policy == Partials::store;
   if (n > 0 && store) {
@@ -294,10 +310,11 @@ auto broadcast_typed(Partials policy, const F& f, CallPlan plan, const std::vect
         for (int m = 0; m < M; ++m) {
           Tensor p = Tensor::empty(plan.out_shape, plan.dtype, plan.device);
           body.part[m][k] = p.template data<T>();
+          require_aligned(body.ops, body.part[m][k]);
           partials[static_cast<std::size_t>(m * K + k)] = std::move(p);
         }
       }
-      launch_chunks(plan.device, n, body);
+      launch_broadcast(plan.device, body);
     }
   } else if (n > 0) {
     // Without stored partials the forward needs values only: plain numbers where f accepts them
@@ -305,11 +322,11 @@ auto broadcast_typed(Partials policy, const F& f, CallPlan plan, const std::vect
     if constexpr (plain_ok) {
       ForwardBody<T, K, M, false, false, F, Slots> body{f};
       set_outputs(body);
-      launch_chunks(plan.device, n, body);
+      launch_broadcast(plan.device, body);
     } else {
       ForwardBody<T, K, M, true, false, F, Slots> body{f};
       set_outputs(body);
-      launch_chunks(plan.device, n, body);
+      launch_broadcast(plan.device, body);
     }
   }
 

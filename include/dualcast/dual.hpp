@@ -12,6 +12,9 @@
 //  - Mixed arithmetic with a plain number of any arithmetic type (int, float, double, ...) converts
 //    the number to T: Dual<float, N> + 1.0 is a Dual<float, N>.
 //  - Only floating-point T (float, double) is supported; nested duals are not.
+//  - Results are built as `Dual r; r.val = v;` with every partial assigned by an unrolled loop, never
+//    as `Dual{v, {}}`: that zero-initialising form is a block clear which stops GCC from keeping a
+//    dual in scalars, and so from vectorising the CPU loops over elements.
 #pragma once
 
 #include <type_traits>
@@ -36,12 +39,19 @@ struct Dual {
   T d[N];
 
   /// A constant: value v, every partial 0.
-  DUALCAST_HD static constexpr Dual constant(T v) { return Dual{v, {}}; }
+  DUALCAST_HD static constexpr Dual constant(T v) {
+    Dual r;
+    r.val = v;
+    DUALCAST_UNROLL
+    for (int i = 0; i < N; ++i) r.d[i] = T(0);
+    return r;
+  }
 
   /// The k-th independent variable: value v, partial k = 1, the others 0 (k in [0, N); any other k
   /// gives a constant).
   DUALCAST_HD static constexpr Dual variable(T v, int k) {
-    Dual r{v, {}};
+    Dual r;
+    r.val = v;
     DUALCAST_UNROLL
     for (int i = 0; i < N; ++i) r.d[i] = (i == k) ? T(1) : T(0);
     return r;
@@ -129,7 +139,8 @@ DUALCAST_HD DUALCAST_INLINE constexpr Dual<T, N> operator+(const Dual<T, N>& a) 
 }
 template <class T, int N>
 DUALCAST_HD DUALCAST_INLINE constexpr Dual<T, N> operator-(const Dual<T, N>& a) {
-  Dual<T, N> r{-a.val, {}};
+  Dual<T, N> r;
+  r.val = -a.val;
   DUALCAST_UNROLL
   for (int k = 0; k < N; ++k) r.d[k] = -a.d[k];
   return r;
@@ -141,7 +152,8 @@ DUALCAST_HD DUALCAST_INLINE constexpr Dual<T, N> operator-(const Dual<T, N>& a) 
 
 template <class T, int N>
 DUALCAST_HD DUALCAST_INLINE constexpr Dual<T, N> operator+(const Dual<T, N>& a, const Dual<T, N>& b) {
-  Dual<T, N> r{a.val + b.val, {}};
+  Dual<T, N> r;
+  r.val = a.val + b.val;
   DUALCAST_UNROLL
   for (int k = 0; k < N; ++k) r.d[k] = a.d[k] + b.d[k];
   return r;
@@ -161,7 +173,8 @@ DUALCAST_HD DUALCAST_INLINE constexpr Dual<T, N> operator+(S s, const Dual<T, N>
 
 template <class T, int N>
 DUALCAST_HD DUALCAST_INLINE constexpr Dual<T, N> operator-(const Dual<T, N>& a, const Dual<T, N>& b) {
-  Dual<T, N> r{a.val - b.val, {}};
+  Dual<T, N> r;
+  r.val = a.val - b.val;
   DUALCAST_UNROLL
   for (int k = 0; k < N; ++k) r.d[k] = a.d[k] - b.d[k];
   return r;
@@ -174,7 +187,8 @@ DUALCAST_HD DUALCAST_INLINE constexpr Dual<T, N> operator-(const Dual<T, N>& a, 
 }
 template <class T, int N, detail::dual_scalar S>
 DUALCAST_HD DUALCAST_INLINE constexpr Dual<T, N> operator-(S s, const Dual<T, N>& a) {
-  Dual<T, N> r{static_cast<T>(s) - a.val, {}};
+  Dual<T, N> r;
+  r.val = static_cast<T>(s) - a.val;
   DUALCAST_UNROLL
   for (int k = 0; k < N; ++k) r.d[k] = -a.d[k];
   return r;
@@ -182,7 +196,8 @@ DUALCAST_HD DUALCAST_INLINE constexpr Dual<T, N> operator-(S s, const Dual<T, N>
 
 template <class T, int N>
 DUALCAST_HD DUALCAST_INLINE constexpr Dual<T, N> operator*(const Dual<T, N>& a, const Dual<T, N>& b) {
-  Dual<T, N> r{a.val * b.val, {}};
+  Dual<T, N> r;
+  r.val = a.val * b.val;
   DUALCAST_UNROLL
   for (int k = 0; k < N; ++k) r.d[k] = a.d[k] * b.val + a.val * b.d[k];
   return r;
@@ -190,7 +205,8 @@ DUALCAST_HD DUALCAST_INLINE constexpr Dual<T, N> operator*(const Dual<T, N>& a, 
 template <class T, int N, detail::dual_scalar S>
 DUALCAST_HD DUALCAST_INLINE constexpr Dual<T, N> operator*(const Dual<T, N>& a, S s) {
   const T c = static_cast<T>(s);
-  Dual<T, N> r{a.val * c, {}};
+  Dual<T, N> r;
+  r.val = a.val * c;
   DUALCAST_UNROLL
   for (int k = 0; k < N; ++k) r.d[k] = a.d[k] * c;
   return r;
@@ -205,7 +221,8 @@ template <class T, int N>
 DUALCAST_HD DUALCAST_INLINE constexpr Dual<T, N> operator/(const Dual<T, N>& a, const Dual<T, N>& b) {
   const T q = a.val / b.val;
   const T inv = T(1) / b.val;
-  Dual<T, N> r{q, {}};
+  Dual<T, N> r;
+  r.val = q;
   DUALCAST_UNROLL
   for (int k = 0; k < N; ++k) r.d[k] = (a.d[k] - q * b.d[k]) * inv;
   return r;
@@ -214,7 +231,8 @@ template <class T, int N, detail::dual_scalar S>
 DUALCAST_HD DUALCAST_INLINE constexpr Dual<T, N> operator/(const Dual<T, N>& a, S s) {
   const T c = static_cast<T>(s);
   const T inv = T(1) / c;
-  Dual<T, N> r{a.val / c, {}};
+  Dual<T, N> r;
+  r.val = a.val / c;
   DUALCAST_UNROLL
   for (int k = 0; k < N; ++k) r.d[k] = a.d[k] * inv;
   return r;
@@ -224,7 +242,8 @@ template <class T, int N, detail::dual_scalar S>
 DUALCAST_HD DUALCAST_INLINE constexpr Dual<T, N> operator/(S s, const Dual<T, N>& b) {
   const T q = static_cast<T>(s) / b.val;
   const T g = -q / b.val;
-  Dual<T, N> r{q, {}};
+  Dual<T, N> r;
+  r.val = q;
   DUALCAST_UNROLL
   for (int k = 0; k < N; ++k) r.d[k] = g * b.d[k];
   return r;

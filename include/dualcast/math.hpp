@@ -36,7 +36,8 @@ template <class T, int N>
 DUALCAST_HD DUALCAST_INLINE constexpr Dual<T, N> chain(const Dual<T, N>& x,
                                                        std::type_identity_t<T> f_value,
                                                        std::type_identity_t<T> f_derivative) {
-  Dual<T, N> r{f_value, {}};
+  Dual<T, N> r;
+  r.val = f_value;
   DUALCAST_UNROLL
   for (int k = 0; k < N; ++k) r.d[k] = f_derivative * x.d[k];
   return r;
@@ -50,12 +51,29 @@ DUALCAST_HD DUALCAST_INLINE constexpr T scale_sparse(T df, T dx) {
   return dx == T(0) ? T(0) : df * dx;
 }
 
+/// 1 / d for d in [1, 4] (sigmoid's 1 + e, tanh's (1 + u)^2). In float on the GPU: the hardware
+/// reciprocal refined by one Newton step, which is what IEEE division computes for such d, without
+/// its branch to the slow path for denormal or huge divisors (the branch and its bookkeeping cost
+/// more than the arithmetic). Everywhere else: plain division.
+template <class T>
+DUALCAST_HD DUALCAST_INLINE T recip_moderate(T d) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (std::is_same_v<T, float>) {
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
+    return fmaf(r, fmaf(-d, r, 1.0f), r);
+  }
+#endif
+  return T(1) / d;
+}
+
 /// chain() for derivatives that may be infinite: partials that are 0 in x stay 0.
 template <class T, int N>
 DUALCAST_HD DUALCAST_INLINE constexpr Dual<T, N> chain_sparse(const Dual<T, N>& x,
                                                               std::type_identity_t<T> f_value,
                                                               std::type_identity_t<T> f_derivative) {
-  Dual<T, N> r{f_value, {}};
+  Dual<T, N> r;
+  r.val = f_value;
   DUALCAST_UNROLL
   for (int k = 0; k < N; ++k) r.d[k] = scale_sparse(f_derivative, x.d[k]);
   return r;
@@ -222,7 +240,8 @@ DUALCAST_HD DUALCAST_INLINE Dual<T, N> pow(const Dual<T, N>& x, const Dual<T, N>
   DUALCAST_UNROLL
   for (int k = 0; k < N; ++k) y_varies = y_varies || (y.d[k] != T(0));
   const T dfdy = (y_varies && x.val != T(0)) ? f * log(x.val) : T(0);
-  Dual<T, N> r{f, {}};
+  Dual<T, N> r;
+  r.val = f;
   DUALCAST_UNROLL
   for (int k = 0; k < N; ++k)
     r.d[k] = detail::scale_sparse(dfdx, x.d[k]) + detail::scale_sparse(dfdy, y.d[k]);
@@ -263,7 +282,7 @@ template <class T, int N>
 DUALCAST_HD DUALCAST_INLINE Dual<T, N> tanh(const Dual<T, N>& x) {
   const T u = exp(T(-2) * ::dualcast::abs(x.val));
   const T one_u = T(1) + u;
-  return chain(x, tanh(x.val), T(4) * u / (one_u * one_u));
+  return chain(x, tanh(x.val), T(4) * u * detail::recip_moderate(one_u * one_u));
 }
 
 // ---- activations ---------------------------------------------------------------------------------
@@ -274,7 +293,7 @@ template <class T>
   requires std::is_floating_point_v<T>
 DUALCAST_HD DUALCAST_INLINE T sigmoid(T x) {
   const T e = exp(-::dualcast::abs(x));
-  const T r = T(1) / (T(1) + e);
+  const T r = detail::recip_moderate(T(1) + e);
   return x >= T(0) ? r : e * r;
 }
 /// d/dx sigmoid(x) = sigmoid(x) sigmoid(-x) = e / (1 + e)^2 with e = exp(-|x|): no cancellation
@@ -282,7 +301,7 @@ DUALCAST_HD DUALCAST_INLINE T sigmoid(T x) {
 template <class T, int N>
 DUALCAST_HD DUALCAST_INLINE Dual<T, N> sigmoid(const Dual<T, N>& x) {
   const T e = exp(-::dualcast::abs(x.val));
-  const T r = T(1) / (T(1) + e);
+  const T r = detail::recip_moderate(T(1) + e);
   const T er = e * r;
   return chain(x, x.val >= T(0) ? r : er, er * r);
 }
@@ -298,7 +317,7 @@ DUALCAST_HD DUALCAST_INLINE T softplus(T x) {
 template <class T, int N>
 DUALCAST_HD DUALCAST_INLINE Dual<T, N> softplus(const Dual<T, N>& x) {
   const T e = exp(-::dualcast::abs(x.val));
-  const T r = T(1) / (T(1) + e);
+  const T r = detail::recip_moderate(T(1) + e);
   const T s = x.val >= T(0) ? r : e * r;
   return chain(x, (x.val > T(0) ? x.val : T(0)) + log1p(e), s);
 }
@@ -340,7 +359,8 @@ template <class T, int N>
 DUALCAST_HD DUALCAST_INLINE constexpr Dual<T, N> pick_or_split(const Dual<T, N>& a,
                                                                const Dual<T, N>& b, bool take_a) {
   const bool tie = a.val == b.val;
-  Dual<T, N> r{(tie || take_a) ? a.val : b.val, {}};
+  Dual<T, N> r;
+  r.val = (tie || take_a) ? a.val : b.val;
   DUALCAST_UNROLL
   for (int k = 0; k < N; ++k)
     r.d[k] = tie ? T(0.5) * (a.d[k] + b.d[k]) : (take_a ? a.d[k] : b.d[k]);
@@ -423,7 +443,8 @@ DUALCAST_HD DUALCAST_INLINE detail::common_dual_t<X, L, H> clamp(const X& x, con
   const R h = detail::as_dual<R>(hi);
   const bool below = v.val < l.val;
   const bool above = v.val > h.val;
-  R r{below ? l.val : (above ? h.val : v.val), {}};
+  R r;
+  r.val = below ? l.val : (above ? h.val : v.val);
   DUALCAST_UNROLL
   for (int k = 0; k < N; ++k) r.d[k] = below ? l.d[k] : (above ? h.d[k] : v.d[k]);
   return r;
@@ -464,7 +485,8 @@ DUALCAST_HD DUALCAST_INLINE detail::common_dual_t<A, B> hypot(const A& a, const 
   const T inv = (h == T(0)) ? T(0) : T(1) / h;
   const T dfda = va * inv;
   const T dfdb = vb * inv;
-  R r{h, {}};
+  R r;
+  r.val = h;
   DUALCAST_UNROLL
   for (int k = 0; k < N; ++k) {
     T dk = T(0);
@@ -497,7 +519,8 @@ DUALCAST_HD DUALCAST_INLINE detail::common_dual_t<A, B, C> fma(const A& a, const
   const T va = static_cast<T>(value(a));
   const T vb = static_cast<T>(value(b));
   const T vc = static_cast<T>(value(c));
-  R r{fma(va, vb, vc), {}};
+  R r;
+  r.val = fma(va, vb, vc);
   DUALCAST_UNROLL
   for (int k = 0; k < N; ++k) {
     T dk = T(0);
