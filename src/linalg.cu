@@ -58,6 +58,13 @@ MatmulDims check_matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
                  " (trans_a=", flag(ta), ") gives k=", ka, " but 'b' ", b.shape().str(),
                  " (trans_b=", flag(tb), ") gives k=", kb);
   d.k = ka;
+  // Empty operands can still ask for a result too large to count ([m, 0] x [0, n]).
+  const Shape out = d.a_batched || d.b_batched ? Shape{d.batch, d.m, d.n} : Shape{d.m, d.n};
+  std::int64_t n = 1;
+  for (int i = 0; i < out.rank(); ++i)
+    DUALCAST_CHECK(out[i] == 0 || !__builtin_mul_overflow(n, out[i], &n), "matmul: the result ",
+                   out.str(), " of 'a' ", a.shape().str(), " and 'b' ", b.shape().str(),
+                   " has more elements than a 64-bit count holds");
   return d;
 }
 

@@ -19,43 +19,11 @@
 #include "dualcast/kernels/reduce.cuh"
 #include "dualcast/ops/reduce.hpp"
 #include "dualcast/parallel.hpp"
+#include "line_stats.hpp"
 
 namespace dualcast {
 namespace detail {
 namespace {
-
-// ---- scalar helpers (host and device) ----------------------------------------------------------
-
-DUALCAST_HD DUALCAST_INLINE float lexp(float v) { return ::expf(v); }
-DUALCAST_HD DUALCAST_INLINE double lexp(double v) { return ::exp(v); }
-DUALCAST_HD DUALCAST_INLINE float llog(float v) { return ::logf(v); }
-DUALCAST_HD DUALCAST_INLINE double llog(double v) { return ::log(v); }
-
-template <class T>
-DUALCAST_HD DUALCAST_INLINE T neg_inf() {
-  return -std::numeric_limits<T>::infinity();
-}
-
-/// Adds v to a running (max m, sum of exp(x - m) s); s is rescaled when the maximum grows.
-template <class T>
-DUALCAST_HD DUALCAST_INLINE void online_add(T& m, T& s, T v) {
-  if (v > m) {
-    s = s * lexp(m - v) + T(1);  // m = -inf at the start: exp(-inf) = 0
-    m = v;
-  } else if (!(v == m && m == neg_inf<T>())) {  // -inf against -inf adds nothing (not NaN)
-    s += lexp(v - m);                            // NaN inputs propagate through here
-  }
-}
-
-/// Merges two running (max, sum) pairs.
-template <class T>
-DUALCAST_HD DUALCAST_INLINE void online_merge(T& m, T& s, T m2, T s2) {
-  const T mm = m > m2 ? m : m2;
-  const T a = m == neg_inf<T>() ? T(0) : s * lexp(m - mm);
-  const T b = m2 == neg_inf<T>() ? T(0) : s2 * lexp(m2 - mm);
-  m = (m != m || m2 != m2) ? (m != m ? m : m2) : mm;
-  s = a + b;
-}
 
 /// A tensor viewed as [outer, C, inner]: line l = (o, i) starts at o * C * inner + i, stride inner.
 struct Lines {
@@ -86,37 +54,6 @@ DUALCAST_HD DUALCAST_INLINE bool label_ok(double v, std::int64_t C) {
 // ---- per-line bodies: `lane` of `G` cooperating threads handles elements lane, lane + G, ... --
 
 enum class LineOp { softmax, log_softmax };
-
-/// Forward partial stats of one thread. Four elements at a time (four loads in flight, one rescale
-/// per four); a group whose running maximum is not finite (all -inf, or a +inf) or that holds a NaN
-/// takes the exact one-by-one path, so wide rows treat infinities as short rows do.
-template <class T>
-DUALCAST_HD DUALCAST_INLINE void line_stats(const T* x, std::int64_t base, std::int64_t stride,
-                                            std::int64_t C, int lane, int G, T& m, T& s) {
-  m = neg_inf<T>();
-  s = T(0);
-  std::int64_t c = lane;
-  for (; c + 3 * G < C; c += 4 * G) {
-    const T v0 = x[base + c * stride], v1 = x[base + (c + G) * stride];
-    const T v2 = x[base + (c + 2 * G) * stride], v3 = x[base + (c + 3 * G) * stride];
-    T mx = m;
-    mx = v0 > mx ? v0 : mx;
-    mx = v1 > mx ? v1 : mx;
-    mx = v2 > mx ? v2 : mx;
-    mx = v3 > mx ? v3 : mx;
-    if (!(mx > neg_inf<T>() && mx < -neg_inf<T>()) || v0 != v0 || v1 != v1 || v2 != v2 || v3 != v3) {
-      online_add(m, s, v0);
-      online_add(m, s, v1);
-      online_add(m, s, v2);
-      online_add(m, s, v3);
-    } else {
-      const T scaled = m == neg_inf<T>() ? T(0) * s : s * lexp(m - mx);
-      s = scaled + ((lexp(v0 - mx) + lexp(v1 - mx)) + (lexp(v2 - mx) + lexp(v3 - mx)));
-      m = mx;
-    }
-  }
-  for (; c < C; c += G) online_add(m, s, x[base + c * stride]);
-}
 
 template <LineOp OP, class T>
 DUALCAST_HD DUALCAST_INLINE void line_write(const T* x, T* y, std::int64_t base,

@@ -8,10 +8,15 @@
 // as it is returned.
 #include "dualcast/memory.hpp"
 
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "dualcast/error.hpp"
@@ -56,6 +61,9 @@ std::mutex& host_mutex() {
 /// Size class: below 1 KiB round to 256 bytes; above, to the next of 2^k * {1, 1.25, 1.5, 1.75}.
 std::size_t size_class(std::size_t bytes) {
   if (bytes <= 1024) return (bytes + 255) / 256 * 256;
+  // No device holds 2^62 bytes: such a request goes to cudaMalloc as it is (and fails there with
+  // the out-of-memory error below) instead of overflowing the rounding.
+  if (bytes > (SIZE_MAX >> 2)) return bytes;
   std::size_t p = 1;
   while (p * 2 <= bytes) p *= 2;
   const std::size_t step = p / 4;
@@ -74,7 +82,14 @@ void release_cached(DeviceCache& cache, int index) {
   cache.free_blocks.clear();
 }
 
-void* device_allocate(std::size_t block, int index) {
+std::string stats_str(const MemoryStats& s) {
+  return detail::concat(s.bytes_held, " bytes held, ", s.bytes_in_use, " in use (peak ",
+                        s.peak_bytes_in_use, "), ", s.device_malloc_calls, " cudaMalloc and ",
+                        s.device_free_calls, " cudaFree calls, ", s.cache_hits, " cache hits");
+}
+
+/// `requested` bytes asked for, served as a block of `block` bytes (its size class).
+void* device_allocate(std::size_t requested, std::size_t block, int index) {
   DeviceCache& cache = cache_for(index);
   std::lock_guard lock(cache.mutex);
   auto it = cache.free_blocks.find(block);
@@ -86,19 +101,24 @@ void* device_allocate(std::size_t block, int index) {
   } else {
     detail::DeviceGuard guard(Device{DeviceKind::cuda, index});
     cudaError_t err = cudaMalloc(&p, block);
-    if (err == cudaErrorMemoryAllocation) {
+    const bool retried = err == cudaErrorMemoryAllocation;
+    if (retried) {
       cudaGetLastError();
       release_cached(cache, index);  // the cache may hold enough in other size classes
       err = cudaMalloc(&p, block);
     }
     if (err != cudaSuccess) {
-      cudaGetLastError();
+      cudaGetLastError();  // not sticky: the device stays usable
       std::size_t free_b = 0, total_b = 0;
       cudaMemGetInfo(&free_b, &total_b);
-      DUALCAST_FAIL("out of device memory: could not allocate ", block, " bytes on cuda:", index,
-                    " (", cudaGetErrorString(err), "; dualcast holds ", cache.stats.bytes_held,
-                    " bytes, ", cache.stats.bytes_in_use, " in use; the device reports ", free_b,
-                    " of ", total_b, " bytes free)");
+      cudaGetLastError();
+      DUALCAST_FAIL("out of device memory: could not allocate ", requested, " bytes (a block of ",
+                    block, ") on cuda:", index,
+                    retried ? ", also after returning the allocator's cached blocks to the driver"
+                            : "",
+                    " (", cudaGetErrorName(err), ": ", cudaGetErrorString(err),
+                    "); allocator statistics: ", stats_str(cache.stats), "; the device reports ",
+                    free_b, " of ", total_b, " bytes free");
     }
     ++cache.stats.device_malloc_calls;
     cache.stats.bytes_held += static_cast<std::int64_t>(block);
@@ -141,10 +161,26 @@ void empty_cache(Device device) {
 
 Buffer::Buffer(std::size_t bytes, Device device) : bytes_(bytes), device_(device) {
   if (device.is_cpu()) {
-    const std::size_t rounded = (bytes + kHostAlignment - 1) / kHostAlignment * kHostAlignment;
-    block_bytes_ = rounded == 0 ? kHostAlignment : rounded;
-    data_ = std::aligned_alloc(kHostAlignment, block_bytes_);
-    DUALCAST_CHECK(data_ != nullptr, "out of host memory: could not allocate ", bytes, " bytes");
+    const std::size_t rounded = bytes > SIZE_MAX - kHostAlignment
+                                    ? 0  // cannot be rounded up, let alone allocated
+                                    : (bytes + kHostAlignment - 1) / kHostAlignment * kHostAlignment;
+    block_bytes_ = bytes == 0 ? kHostAlignment : rounded;
+    data_ = block_bytes_ == 0 ? nullptr : std::aligned_alloc(kHostAlignment, block_bytes_);
+    if (data_ == nullptr) {
+      MemoryStats s;
+      {
+        std::lock_guard lock(host_mutex());
+        s = host_stats();
+      }
+      const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+      DUALCAST_FAIL("out of host memory: could not allocate ", bytes, " bytes on cpu (",
+                    std::strerror(ENOMEM), "); host statistics: ", s.bytes_in_use,
+                    " bytes in use by dualcast (peak ", s.peak_bytes_in_use, "), ",
+                    s.device_malloc_calls, " allocations and ", s.device_free_calls,
+                    " frees so far; the machine has ",
+                    pages > 0 && page > 0 ? static_cast<std::int64_t>(pages) * page : -1,
+                    " bytes of physical memory");
+    }
     std::lock_guard lock(host_mutex());
     auto& s = host_stats();
     ++s.device_malloc_calls;
@@ -155,7 +191,7 @@ Buffer::Buffer(std::size_t bytes, Device device) : bytes_(bytes), device_(device
   }
 #if DUALCAST_WITH_CUDA
   block_bytes_ = size_class(bytes == 0 ? 1 : bytes);
-  data_ = device_allocate(block_bytes_, device.index);
+  data_ = device_allocate(bytes, block_bytes_, device.index);
 #else
   DUALCAST_FAIL("Buffer: cannot allocate on ", device.str(), " in a build without CUDA");
 #endif

@@ -306,6 +306,7 @@ Tensor reduce_all(const char* op, const Tensor& x, ReduceKind kind) {
 
 Tensor sum_to(const Tensor& x, const Shape& target) {
   detail::check_reducible(x, "sum_to");
+  (void)checked_numel("sum_to", "target", target);
   if (x.shape() == target) return x;
   const std::vector<bool> mask = sum_to_mask(x.shape(), target);
   return detail::reduce_impl("sum_to", x, mask, target, ReduceKind::sum);

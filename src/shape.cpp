@@ -1,7 +1,9 @@
 // shape.cpp: Shape construction, formatting and the broadcasting rules.
 #include "dualcast/shape.hpp"
 
+#include <cstdint>
 #include <sstream>
+#include <string>
 
 #include "dualcast/error.hpp"
 
@@ -12,10 +14,9 @@ Shape::Shape(std::initializer_list<std::int64_t> dims) : Shape(std::vector<std::
 Shape::Shape(const std::vector<std::int64_t>& dims) {
   DUALCAST_CHECK(static_cast<int>(dims.size()) <= kMaxRank, "Shape: rank ", dims.size(),
                  " exceeds the maximum rank ", kMaxRank);
-  for (std::size_t i = 0; i < dims.size(); ++i) {
-    DUALCAST_CHECK(dims[i] >= 0, "Shape: negative dimension ", dims[i], " at position ", i);
-    dims_[i] = dims[i];
-  }
+  // Negative or overflowing dimensions are left to checked_numel in the op this Shape is given to,
+  // so the error names that op.
+  for (std::size_t i = 0; i < dims.size(); ++i) dims_[i] = dims[i];
   rank_ = static_cast<int>(dims.size());
 }
 
@@ -40,12 +41,30 @@ std::string Shape::str() const {
 
 Shape contiguous_strides(const Shape& shape) {
   Shape strides = shape;
-  std::int64_t s = 1;
+  std::uint64_t s = 1;  // unsigned: no undefined behaviour on a shape checked_numel would reject
   for (int i = shape.rank() - 1; i >= 0; --i) {
-    strides[i] = s;
-    s *= shape[i];
+    strides[i] = static_cast<std::int64_t>(s);
+    s *= static_cast<std::uint64_t>(shape[i]);
   }
   return strides;
+}
+
+std::int64_t checked_numel(const char* op, const char* arg, const Shape& shape) {
+  std::int64_t nonzero = 1;
+  bool empty = false;
+  for (int i = 0; i < shape.rank(); ++i) {
+    const std::int64_t d = shape[i];
+    DUALCAST_CHECK(d >= 0, op, ": ", arg, " ", shape.str(), " has a negative dimension ", d,
+                   " at position ", i);
+    if (d == 0) {
+      empty = true;
+      continue;
+    }
+    DUALCAST_CHECK(!__builtin_mul_overflow(nonzero, d, &nonzero), op, ": ", arg, " ",
+                   shape.str(), " has more elements than a 64-bit count holds (the product of "
+                   "its non-zero dimensions exceeds ", INT64_MAX, ")");
+  }
+  return empty ? 0 : nonzero;
 }
 
 Shape broadcast_shapes(const char* op, const std::vector<NamedShape>& args) {
@@ -74,7 +93,18 @@ Shape broadcast_shapes(const char* op, const std::vector<NamedShape>& args) {
                     offset + i - rank, ": ", o, " vs ", d, ")");
     }
   }
-  return Shape(out);
+  const Shape result(out);
+  std::int64_t n = 1;
+  for (const std::int64_t d : out)
+    if (d != 0 && __builtin_mul_overflow(n, d, &n)) {
+      std::string shapes;
+      for (const auto& a : args)
+        shapes += (shapes.empty() ? "" : ", ") + std::string("'") + a.name + "' " + a.shape.str();
+      DUALCAST_FAIL(op, ": the broadcast shape ", result.str(), " of ", shapes,
+                    " has more elements than a 64-bit count holds (the product of its non-zero "
+                    "dimensions exceeds ", INT64_MAX, ")");
+    }
+  return result;
 }
 
 Shape broadcast_shapes(const char* op, const Shape& a, const Shape& b) {

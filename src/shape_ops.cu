@@ -244,6 +244,7 @@ Shape resolve_shape(const Tensor& x, const std::vector<std::int64_t>& spec) {
                  " exceeds the maximum rank ", kMaxRank);
   int infer = -1;
   std::int64_t known = 1;
+  bool has_zero = false;
   for (std::size_t i = 0; i < spec.size(); ++i) {
     if (spec[i] == -1) {
       DUALCAST_CHECK(infer < 0, "reshape: target shape ", spec_str(),
@@ -252,10 +253,15 @@ Shape resolve_shape(const Tensor& x, const std::vector<std::int64_t>& spec) {
       infer = static_cast<int>(i);
     } else {
       DUALCAST_CHECK(spec[i] >= 0, "reshape: target shape ", spec_str(), " has a negative size ",
-                     spec[i], " (only -1 is allowed, to infer one dimension)");
-      known *= spec[i];
+                     spec[i], " (only -1 is allowed, to infer one dimension) for 'x' of shape ",
+                     x.shape().str());
+      has_zero = has_zero || spec[i] == 0;
+      DUALCAST_CHECK(spec[i] == 0 || !__builtin_mul_overflow(known, spec[i], &known),
+                     "reshape: target shape ", spec_str(), " has more elements than a 64-bit count "
+                     "holds, for 'x' of shape ", x.shape().str(), " (", x.numel(), " elements)");
     }
   }
+  if (has_zero) known = 0;
   std::vector<std::int64_t> dims = spec;
   if (infer >= 0) {
     DUALCAST_CHECK(known != 0 && x.numel() % known == 0, "reshape: cannot infer the -1 in ",
@@ -504,6 +510,14 @@ int check_concat(const std::vector<const Tensor*>& xs, int axis, std::vector<std
                    " (same rank and equal sizes in every other dimension required)");
     sizes.push_back(xi.shape()[ax]);
   }
+  // The result: the pieces' total along the axis, and its element count, must be countable.
+  Shape out = x0.shape();
+  std::int64_t total = 0;
+  for (const std::int64_t s : sizes)
+    DUALCAST_CHECK(!__builtin_add_overflow(total, s, &total), "concat: along axis ", axis,
+                   " the ", xs.size(), " pieces' sizes add up to more than a 64-bit count holds");
+  out[ax] = total;
+  (void)checked_numel("concat", "the result", out);
   return ax;
 }
 
@@ -531,7 +545,8 @@ int check_split(const Tensor& x, int axis, const std::vector<std::int64_t>& size
   for (std::int64_t s : sizes) {
     DUALCAST_CHECK(s >= 0, "split: sizes ", sizes_str(), " has a negative entry ", s,
                    " for 'x' of shape ", x.shape().str());
-    total += s;
+    DUALCAST_CHECK(!__builtin_add_overflow(total, s, &total), "split: sizes ", sizes_str(),
+                   " add up to more than a 64-bit count holds, for 'x' of shape ", x.shape().str());
   }
   DUALCAST_CHECK(total == x.shape()[ax], "split: sizes ", sizes_str(), " sum to ", total,
                  " but axis ", axis, " of 'x' with shape ", x.shape().str(), " has size ",
@@ -603,6 +618,7 @@ class SplitNode final : public Node {
 
 void check_broadcast(const Tensor& x, const Shape& shape) {
   check_defined(x, "broadcast_to", "x");
+  (void)checked_numel("broadcast_to", "shape", shape);
   const Shape& s = x.shape();
   DUALCAST_CHECK(s.rank() <= shape.rank(), "broadcast_to: cannot broadcast 'x' of shape ", s.str(),
                  " (rank ", s.rank(), ") to the lower-rank shape ", shape.str());

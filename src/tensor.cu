@@ -3,7 +3,10 @@
 #include "dualcast/tensor.hpp"
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <new>
+#include <string>
 
 #include "dualcast/error.hpp"
 #include "dualcast/parallel.hpp"
@@ -58,19 +61,43 @@ Tensor::Tensor(std::shared_ptr<Buffer> storage, Shape shape, DType dtype, Device
     : storage_(std::move(storage)), shape_(shape), strides_(contiguous_strides(shape)),
       dtype_(dtype), device_(device) {}
 
+Tensor Tensor::allocate(const char* op, const Shape& shape, DType dtype, Device device) {
+  const std::int64_t n = checked_numel(op, "shape", shape);
+  const std::size_t item = dtype_size(dtype);
+  DUALCAST_CHECK(static_cast<std::uint64_t>(n) <= SIZE_MAX / item, op, ": shape ", shape.str(),
+                 " of ", dtype_name(dtype), " needs ", n, " x ", item,
+                 " bytes, more than a 64-bit byte count holds");
+  const std::size_t bytes = static_cast<std::size_t>(n) * item;
+  const auto describe = [&] {
+    return detail::concat("dualcast: ", op, ": cannot allocate a tensor of shape ", shape.str(), " ",
+                          dtype_name(dtype), " on ", device.str(), " (", bytes, " bytes): ");
+  };
+  std::shared_ptr<Buffer> storage;
+  try {
+    storage = std::make_shared<Buffer>(bytes, device);
+  } catch (const Error& e) {
+    // The allocator's message (request, statistics, where) after what asked for it.
+    std::string why = e.what();
+    if (why.rfind("dualcast: ", 0) == 0) why.erase(0, 10);
+    throw Error(describe() + why);
+  } catch (const std::bad_alloc&) {
+    throw Error(describe() + "std::bad_alloc");
+  }
+  return Tensor(std::move(storage), shape, dtype, device);
+}
+
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
-  const auto bytes = static_cast<std::size_t>(shape.numel()) * dtype_size(dtype);
-  return Tensor(std::make_shared<Buffer>(bytes, device), shape, dtype, device);
+  return allocate("Tensor::empty", shape, dtype, device);
 }
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
-  return empty(shape, dtype, device).fill_(0.0);
+  return allocate("Tensor::zeros", shape, dtype, device).fill_(0.0);
 }
 Tensor Tensor::ones(const Shape& shape, DType dtype, Device device) {
-  return empty(shape, dtype, device).fill_(1.0);
+  return allocate("Tensor::ones", shape, dtype, device).fill_(1.0);
 }
 Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device) {
-  return empty(shape, dtype, device).fill_(value);
+  return allocate("Tensor::full", shape, dtype, device).fill_(value);
 }
 Tensor Tensor::scalar(double value, DType dtype, Device device) {
   return full(Shape{}, value, dtype, device);
@@ -80,8 +107,10 @@ Tensor Tensor::arange(double start, double stop, double step, DType dtype, Devic
   DUALCAST_CHECK(step != 0.0 && std::isfinite(step) && std::isfinite(start) && std::isfinite(stop),
                  "arange: invalid range start=", start, " stop=", stop, " step=", step);
   const double count = std::ceil((stop - start) / step);
+  DUALCAST_CHECK(count < 9.2e18, "arange: start=", start, " stop=", stop, " step=", step,
+                 " gives ", count, " elements, more than a 64-bit count holds");
   const auto n = static_cast<std::int64_t>(count > 0 ? count : 0);
-  Tensor t = empty(Shape{n}, dtype, device);
+  Tensor t = allocate("arange", Shape{n}, dtype, device);
   dispatch_all(dtype, "arange", [&](auto tag) {
     using T = decltype(tag);
     detail::arange_fill<T>(device, t.data<T>(), n, start, step);
@@ -95,12 +124,12 @@ Tensor Tensor::arange(std::int64_t n, DType dtype, Device device) {
 
 template <class T>
 Tensor Tensor::from_vector(const Shape& shape, const std::vector<T>& values, Device device) {
-  DUALCAST_CHECK(static_cast<std::int64_t>(values.size()) == shape.numel(), "from_vector: ",
-                 values.size(), " values do not fill shape ", shape.str(), " (", shape.numel(),
-                 " elements)");
+  const std::int64_t n = checked_numel("from_vector", "shape", shape);
+  DUALCAST_CHECK(static_cast<std::int64_t>(values.size()) == n, "from_vector: ", values.size(),
+                 " values do not fill shape ", shape.str(), " (", n, " elements)");
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double> ||
                 std::is_same_v<T, std::uint8_t>) {
-    Tensor t = empty(shape, dtype_of<T>(), device);
+    Tensor t = allocate("from_vector", shape, dtype_of<T>(), device);
     copy_bytes(t.raw_data(), device, values.data(), Device::cpu(), t.nbytes());
     return t;
   } else {
@@ -116,7 +145,7 @@ template Tensor Tensor::from_vector<int>(const Shape&, const std::vector<int>&, 
 template Tensor Tensor::from_vector<std::int64_t>(const Shape&, const std::vector<std::int64_t>&, Device);
 
 Tensor Tensor::randn(const Shape& shape, Device device, std::uint64_t seed, DType dtype) {
-  Tensor t = empty(shape, dtype, device);
+  Tensor t = allocate("Tensor::randn", shape, dtype, device);
   dispatch_floating(dtype, "randn", [&](auto tag) {
     using T = decltype(tag);
     detail::normal_fill<T>(device, t.data<T>(), t.numel(), seed);
@@ -127,7 +156,7 @@ Tensor Tensor::randn(const Shape& shape, Device device, std::uint64_t seed, DTyp
 Tensor Tensor::uniform(const Shape& shape, Device device, std::uint64_t seed, double lo, double hi,
                        DType dtype) {
   DUALCAST_CHECK(lo <= hi, "uniform: lo=", lo, " must not exceed hi=", hi);
-  Tensor t = empty(shape, dtype, device);
+  Tensor t = allocate("Tensor::uniform", shape, dtype, device);
   dispatch_floating(dtype, "uniform", [&](auto tag) {
     using T = decltype(tag);
     detail::uniform_fill<T>(device, t.data<T>(), t.numel(), seed, lo, hi);
@@ -138,7 +167,7 @@ Tensor Tensor::uniform(const Shape& shape, Device device, std::uint64_t seed, do
 Tensor Tensor::bernoulli(const Shape& shape, double p, Device device, std::uint64_t seed,
                          DType dtype) {
   DUALCAST_CHECK(p >= 0.0 && p <= 1.0, "bernoulli: probability p=", p, " is outside [0, 1]");
-  Tensor t = empty(shape, dtype, device);
+  Tensor t = allocate("Tensor::bernoulli", shape, dtype, device);
   dispatch_all(dtype, "bernoulli", [&](auto tag) {
     using T = decltype(tag);
     detail::bernoulli_fill<T>(device, t.data<T>(), t.numel(), seed, p);
@@ -170,7 +199,7 @@ void* Tensor::raw_data() const {
 Tensor Tensor::to(Device device) const {
   check_defined(*this, "Tensor::to", "self");
   if (device == device_) return *this;
-  Tensor t = empty(shape_, dtype_, device);
+  Tensor t = allocate("Tensor::to", shape_, dtype_, device);
   copy_bytes(t.raw_data(), device, raw_data(), device_, nbytes());
   return t;
 }
@@ -178,7 +207,7 @@ Tensor Tensor::to(Device device) const {
 Tensor Tensor::to(DType dtype) const {
   check_defined(*this, "Tensor::to", "self");
   if (dtype == dtype_) return *this;
-  Tensor t = empty(shape_, dtype, device_);
+  Tensor t = allocate("Tensor::to", shape_, dtype, device_);
   dispatch_all(dtype, "Tensor::to", [&](auto to_tag) {
     using To = decltype(to_tag);
     dispatch_all(dtype_, "Tensor::to", [&](auto from_tag) {
@@ -191,16 +220,16 @@ Tensor Tensor::to(DType dtype) const {
 
 Tensor Tensor::clone() const {
   check_defined(*this, "Tensor::clone", "self");
-  Tensor t = empty(shape_, dtype_, device_);
+  Tensor t = allocate("Tensor::clone", shape_, dtype_, device_);
   copy_bytes(t.raw_data(), device_, raw_data(), device_, nbytes());
   return t;
 }
 
 Tensor Tensor::view(const Shape& shape) const {
   check_defined(*this, "Tensor::view", "self");
-  DUALCAST_CHECK(shape.numel() == numel(), "view: cannot view a tensor of shape ", shape_.str(),
-                 " (", numel(), " elements) as shape ", shape.str(), " (", shape.numel(),
-                 " elements)");
+  const std::int64_t n = checked_numel("view", "shape", shape);
+  DUALCAST_CHECK(n == numel(), "view: cannot view a tensor of shape ", shape_.str(), " (", numel(),
+                 " elements) as shape ", shape.str(), " (", n, " elements)");
   Tensor t = *this;
   t.shape_ = shape;
   t.strides_ = contiguous_strides(shape);

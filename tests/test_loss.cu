@@ -134,7 +134,8 @@ TEST_P(Loss, SoftmaxIsStableForHugeAndInfiniteLogits) {
   expect_close(softmax(d).to_vector<double>(), {0.0, 1.0, 0.0}, 0.0, "softmax leading -inf");
   EXPECT_EQ(log_softmax(d).to_vector<double>()[1], 0.0);
   // +inf in a row wide enough for the four-at-a-time path: NaN at the +inf (inf - inf), 0 elsewhere,
-  // exactly as in a short row (and as PyTorch does), not NaN across the row.
+  // exactly as in a short row, not NaN across the row (every path and pattern:
+  // test_nonfinite_logits.cu).
   for (std::int64_t C : {3, 257}) {
     std::vector<float> row(static_cast<std::size_t>(C), 0.5f);
     row[1] = INFINITY;

@@ -14,6 +14,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <limits>
 #include <memory>
@@ -115,6 +116,22 @@ std::int64_t parse_int(const std::string& opt, const std::string& s, std::int64_
   return v;
 }
 
+/// A number as the user would write it (the shortest form that reads back: -0.1, not -0.100000).
+std::string num(double v) {
+  std::ostringstream os;
+  if (!std::isfinite(v)) {
+    os << v;
+    return os.str();
+  }
+  for (int p = 1; p < 17; ++p) {
+    std::ostringstream t;
+    t << std::setprecision(p) << v;
+    if (std::stod(t.str()) == v) return t.str();
+  }
+  os << std::setprecision(17) << v;
+  return os.str();
+}
+
 Options parse(int argc, char** argv, bool& help) {
   Options o;
   help = false;
@@ -151,11 +168,11 @@ Options parse(int argc, char** argv, bool& help) {
     throw UsageError("--schedule: unknown schedule '" + o.schedule + "' (expected constant or cosine)");
   if (!o.lr_given) o.lr = o.optimizer == "sgd" ? 0.1 : 1e-3;
   if (!std::isfinite(o.lr) || o.lr <= 0)
-    throw UsageError("--lr: learning rate " + std::to_string(o.lr) + " is invalid (it must be a finite number > 0)");
+    throw UsageError("--lr: learning rate " + num(o.lr) + " is invalid (it must be a finite number > 0)");
   if (!(o.momentum >= 0 && o.momentum < 1))
-    throw UsageError("--momentum: " + std::to_string(o.momentum) + " is outside [0, 1)");
+    throw UsageError("--momentum: " + num(o.momentum) + " is outside [0, 1)");
   if (!(o.weight_decay >= 0 && std::isfinite(o.weight_decay)))
-    throw UsageError("--weight-decay: must be a finite number >= 0");
+    throw UsageError("--weight-decay: " + num(o.weight_decay) + " is invalid (it must be a finite number >= 0)");
   if (o.batch < 1) throw UsageError("--batch: " + std::to_string(o.batch) + " must be at least 1");
   return o;
 }

@@ -189,6 +189,15 @@ class BroadcastNode final : public Node {
     std::vector<Shape> var_shapes;
     for (const auto& a : plan_.args)
       if (a.kind == kVarArg) var_shapes.push_back(a.tensor.shape());
+    if (out_shape.numel() == 0) {
+      // Nothing was computed, so nothing flows back: each input's gradient is zeros of its shape
+      // (empty, or zeros for a non-empty argument broadcast against an empty one).
+      for (int k = 0; k < K; ++k)
+        if (const auto& in = inputs[static_cast<std::size_t>(k)])
+          accumulate_grad(*in, Tensor::zeros(var_shapes[static_cast<std::size_t>(k)], plan_.dtype, dev),
+                          /*owned=*/true);
+      return;
+    }
 
     std::array<GradTarget, K> targets;
     std::vector<const VarState*> direct_seen;
@@ -288,7 +297,7 @@ auto broadcast_typed(Partials policy, const F& f, CallPlan plan, const std::vect
   const std::int64_t n = plan.out_shape.numel();
   std::vector<Tensor> outs;
   for (int m = 0; m < M; ++m) outs.push_back(Tensor::empty(plan.out_shape, plan.dtype, plan.device));
-  const bool differentiate = K > 0 && any_requires_grad(vars) && n > 0;
+  const bool differentiate = K > 0 && any_requires_grad(vars);  // size 0 too: empty gradients
   if (policy == Partials::automatic || !kStorable) policy = Partials::recompute;
 
   std::vector<Tensor> partials;

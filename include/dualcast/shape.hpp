@@ -14,6 +14,10 @@ namespace dualcast {
 inline constexpr int kMaxRank = 8;
 
 /// Dimensions of a tensor, outermost first. A plain value type, usable inside kernels.
+///
+/// A Shape is not validated when it is built (beyond its rank): the operation it is given to checks
+/// it with checked_numel, so an error names that operation. Every tensor's shape has non-negative
+/// dimensions whose product fits in std::int64_t.
 class Shape {
  public:
   constexpr Shape() = default;
@@ -25,10 +29,12 @@ class Shape {
   [[nodiscard]] DUALCAST_HD std::int64_t& operator[](int i) { return dims_[i]; }
   /// Dimension i, negative i counting from the back (-1 is the last); checked.
   [[nodiscard]] std::int64_t dim(int i) const;
+  /// Product of the dimensions. Computed in unsigned arithmetic, so an unchecked shape whose product
+  /// overflows wraps instead of being undefined behaviour; checked_numel rejects such shapes.
   [[nodiscard]] DUALCAST_HD std::int64_t numel() const {
-    std::int64_t n = 1;
-    for (int i = 0; i < rank_; ++i) n *= dims_[i];
-    return n;
+    std::uint64_t n = 1;
+    for (int i = 0; i < rank_; ++i) n *= static_cast<std::uint64_t>(dims_[i]);
+    return static_cast<std::int64_t>(n);
   }
   [[nodiscard]] std::vector<std::int64_t> vec() const { return {dims_, dims_ + rank_}; }
   [[nodiscard]] std::string str() const;
@@ -50,6 +56,11 @@ class Shape {
 /// Row-major (C order) element strides of a contiguous tensor of this shape.
 Shape contiguous_strides(const Shape& shape);
 
+/// The number of elements of `shape` once checked: every dimension non-negative and the product of
+/// the non-zero dimensions at most INT64_MAX (so neither numel nor any stride overflows). Throws
+/// dualcast::Error naming `op`, the argument `arg` and the shape.
+std::int64_t checked_numel(const char* op, const char* arg, const Shape& shape);
+
 /// An argument's name and shape, for error messages.
 struct NamedShape {
   const char* name;
@@ -57,7 +68,8 @@ struct NamedShape {
 };
 
 /// NumPy broadcast of several shapes (align at the back; sizes equal or 1). Throws dualcast::Error
-/// naming `op`, the two conflicting arguments, their shapes and the dimension.
+/// naming `op`, the two conflicting arguments, their shapes and the dimension, or naming `op` and
+/// every argument's shape when the broadcast shape has more elements than std::int64_t can count.
 Shape broadcast_shapes(const char* op, const std::vector<NamedShape>& args);
 /// Two-argument convenience form.
 Shape broadcast_shapes(const char* op, const Shape& a, const Shape& b);

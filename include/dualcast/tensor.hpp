@@ -89,6 +89,9 @@ class Tensor {
 
  private:
   Tensor(std::shared_ptr<Buffer> storage, Shape shape, DType dtype, Device device);
+  /// Tensor::empty on behalf of `op`: checks the shape and byte count, and names op, shape, dtype
+  /// and device when the allocation fails.
+  static Tensor allocate(const char* op, const Shape& shape, DType dtype, Device device);
   std::shared_ptr<Buffer> storage_;
   Shape shape_;
   Shape strides_;

@@ -12,6 +12,11 @@
 //    indices held in a float32/float64 (or uint8) tensor, e.g. Tensor::from_vector<int>; a label
 //    outside [0, C) or not an integer is a dualcast::Error naming it (checking costs one device
 //    synchronisation per call). Invariant under shifting all logits by a constant (e.g. +1e5).
+//  - Non-finite logits stay in their line (a row, or a line along `axis`), on the CPU and the GPU
+//    alike: a NaN makes its line's softmax / log_softmax NaN; k >= 1 elements equal to +inf give NaN
+//    at those elements and 0 (softmax) / -inf (log_softmax) at the others; -inf among finite logits
+//    gives exactly 0 / -inf there. A cross_entropy row with a +inf has loss +inf (NaN when its label
+//    is the +inf), so the batch mean is +inf or NaN, but the other rows' gradients are unaffected.
 //  - mse(pred, target) = mean((pred - target)^2) over all elements; pred and target must have the
 //    same shape (no broadcasting: a [N, 1] vs [N] mix-up is an Error, not an N x N loss). Both may
 //    require gradients.
