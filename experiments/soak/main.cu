@@ -76,10 +76,12 @@ long long parse_int(const std::string& opt, const std::string& s, long long lo, 
   return v;
 }
 
-Device parse_device(const std::string& s) {
-  if (s == "cpu") return Device::cpu();
-  if (s == "cuda") return Device::cuda(0);
-  if (s.rfind("cuda:", 0) == 0) return Device::cuda(static_cast<int>(parse_int("--runs", s.substr(5), 0, 63)));
+/// -1 for "cpu", K for "cuda" (0) and "cuda:K"; checks the spelling only (the Device is made, and
+/// the device looked for, when the run starts).
+int device_index(const std::string& s) {
+  if (s == "cpu") return -1;
+  if (s == "cuda") return 0;
+  if (s.rfind("cuda:", 0) == 0) return static_cast<int>(parse_int("--runs", s.substr(5), 0, 63));
   throw UsageError("--runs: unknown device '" + s + "' (expected cpu, cuda or cuda:K)");
 }
 
@@ -110,7 +112,7 @@ Options parse(int argc, char** argv, bool& help) {
         const std::string model = item.substr(0, colon);
         if (colon == std::string::npos || (model != "hmlstm" && model != "mlp"))
           throw UsageError("--runs: '" + item + "' is not MODEL:DEVICE with MODEL hmlstm or mlp");
-        (void)parse_device(item.substr(colon + 1));
+        (void)device_index(item.substr(colon + 1));
         o.runs.emplace_back(model, item.substr(colon + 1));
         start = comma + 1;
       }
@@ -203,8 +205,9 @@ int main(int argc, char** argv) {
     soak::Config c = o.base;
     c.model = model;
     try {
-      c.device = parse_device(device);
-      if (c.device.is_cuda() && !dualcast::cuda_available()) DUALCAST_FAIL("no CUDA device is available");
+      const int index = device_index(device);
+      if (index >= 0 && !dualcast::cuda_available()) DUALCAST_FAIL("no CUDA device is available");
+      c.device = index < 0 ? Device::cpu() : Device::cuda(index);
       std::printf("soak %s %s: %d steps, a reading every %d, warm-up %d step(s); %s\n", model.c_str(),
                   c.device.str().c_str(), c.steps, c.every, c.limits.warmup_steps,
                   model == "hmlstm" ? ("H=" + std::to_string(c.hidden) + " B=" + std::to_string(c.batch) +
