@@ -152,7 +152,7 @@ record_fields() {  # the record gpu-check wrote, checked line by line
   expect "$r" '^date: 20[0-9]{2}-[0-9]{2}-[0-9]{2}T[0-9:]{8}Z$'
   expect "$r" '^gpus: 1 x NVIDIA H100 80GB HBM3$'
   expect "$r" '^run: scripts/gpu-check --no-build .*--sanitize'
-  expect "$r" '^checks: sanitize$'
+  expect "$r" '^checks: sanitize:memcheck,racecheck,initcheck,synccheck$'
   expect "$r" "^gpu-check: $result$"
 }
 
@@ -191,9 +191,11 @@ tests        ok       100% tests passed, 0 tests failed out of 322; 3 skipped; 3
 benchmarks   ok       2 binaries found, 2 with results, 40 benchmarks (0 reported errors); 90 s
 gpu-check: PASSED
 EOS
-  sed -e 's/^checks: .*/checks: build sanitize/' -e '/^tests\|^benchmarks/d' \
+  # The sanitizer split over two calls by tools (--sanitize-tools): two records of one commit.
+  sed -e 's/^checks: .*/checks: build sanitize:memcheck,racecheck/' -e '/^tests\|^benchmarks/d' \
       -e 's/^gpu-check: PASSED/sanitize memcheck: clean, 12 binaries, 345 tests, 200 s\nsanitize racecheck: clean, 12 binaries, 345 tests, 300 s\ngpu-check: PASSED/' \
       "$rec/tests.txt" >"$rec/sanitize.txt"
+  sed -e 's/memcheck/initcheck/g' -e 's/racecheck/synccheck/g' "$rec/sanitize.txt" >"$rec/sanitize2.txt"
   "$root/scripts/record-gpu-verified" --root "$repo" "$rec/tests.txt" >"$tmp/stdout" 2>&1 || { cat "$tmp/stdout"; fail "refused a good record"; }
   [ "$(head -n 1 "$repo/docs/gpu-verified.txt")" = "commit 0123abcd4567" ] || fail "docs record does not start with the commit"
   expect "$repo/README.md" '^Last verified on the GPU: commit `0123abcd4567` on 1 x NVIDIA H100 80GB HBM3 \(2026-11-23\): tests, benchmarks passed'
@@ -203,9 +205,12 @@ EOS
   "$root/scripts/record-gpu-verified" --root "$repo" "$rec/sanitize.txt" >"$tmp/stdout" 2>&1 || { cat "$tmp/stdout"; fail "refused the sanitizer record"; }
   [ "$(grep -c '^gpu-check: PASSED' "$repo/docs/gpu-verified.txt")" -eq 2 ] || fail "the two runs of one commit were not kept together"
   expect "$repo/README.md" 'tests, benchmarks, compute-sanitizer \(memcheck, racecheck\) passed'
+  "$root/scripts/record-gpu-verified" --root "$repo" "$rec/sanitize2.txt" >/dev/null 2>&1 || fail "refused the second sanitizer record"
+  [ "$(grep -c '^gpu-check: PASSED' "$repo/docs/gpu-verified.txt")" -eq 3 ] || fail "the sanitizer's second call did not add its run"
+  expect "$repo/README.md" 'tests, benchmarks, compute-sanitizer \(memcheck, racecheck, initcheck, synccheck\) passed'
   # The same kind of run again replaces the earlier one.
   "$root/scripts/record-gpu-verified" --root "$repo" "$rec/sanitize.txt" >/dev/null 2>&1 || fail "refused a repeated record"
-  [ "$(grep -c '^gpu-check: PASSED' "$repo/docs/gpu-verified.txt")" -eq 2 ] || fail "a repeated run was added, not replaced"
+  [ "$(grep -c '^gpu-check: PASSED' "$repo/docs/gpu-verified.txt")" -eq 3 ] || fail "a repeated run was added, not replaced"
   # Refused: a failed run, a modified tree, an unknown commit, a build-only run; docs unchanged.
   cp "$repo/docs/gpu-verified.txt" "$tmp/before"
   sed 's/^gpu-check: PASSED/gpu-check: FAILED/' "$rec/tests.txt" >"$rec/failed.txt"
