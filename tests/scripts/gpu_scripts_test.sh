@@ -120,6 +120,9 @@ case_only_the_chosen_tools_and_binaries_run() {
   expect_not "$tmp/summary" 'racecheck|initcheck'
   "$root/scripts/gpu-sanitize" --build-dir "$tmp/build" --tools memcheck,asan >/dev/null 2>&1
   [ $? -eq 2 ] || fail "an unknown tool is not a usage error"
+  COMPUTE_SANITIZER=/nonexistent/compute-sanitizer "$root/scripts/gpu-sanitize" --build-dir "$tmp/build" >"$tmp/stdout" 2>&1
+  [ $? -eq 2 ] || fail "a missing compute-sanitizer is not an error of its own"
+  expect "$tmp/stdout" 'is compute-sanitizer installed'
 }
 
 case_sanitizer_errors_fail_their_tool_and_show_the_findings() {
