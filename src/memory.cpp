@@ -159,6 +159,17 @@ void empty_cache(Device device) {
 #endif
 }
 
+void reset_peak_memory_stats(Device device) {
+  if (device.is_cpu()) {
+    std::lock_guard lock(host_mutex());
+    host_stats().peak_bytes_in_use = host_stats().bytes_in_use;
+    return;
+  }
+  DeviceCache& cache = cache_for(device.index);
+  std::lock_guard lock(cache.mutex);
+  cache.stats.peak_bytes_in_use = cache.stats.bytes_in_use;
+}
+
 Buffer::Buffer(std::size_t bytes, Device device) : bytes_(bytes), device_(device) {
   if (device.is_cpu()) {
     const std::size_t rounded = bytes > SIZE_MAX - kHostAlignment

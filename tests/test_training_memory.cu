@@ -154,6 +154,23 @@ TEST_P(TrainingMemory, GatherRows) {
   EXPECT_EQ(mnist::gather_rows(labels, idx).to_vector<float>(), (std::vector<float>{7, 9, 7}));
 }
 
+TEST_P(TrainingMemory, ResetPeakStartsANewPeakFromTheBytesInUse) {
+  const Device d = GetParam();
+  DUALCAST_SKIP_IF_UNAVAILABLE(d);
+  const Tensor kept = Tensor::zeros({1000}, DType::float32, d);
+  { const Tensor big = Tensor::zeros({1 << 20}, DType::float32, d); }
+  const MemoryStats before = memory_stats(d);
+  EXPECT_GE(before.peak_bytes_in_use, before.bytes_in_use + (4 << 20));
+  reset_peak_memory_stats(d);
+  const MemoryStats after = memory_stats(d);
+  EXPECT_EQ(after.peak_bytes_in_use, after.bytes_in_use);
+  EXPECT_EQ(after.bytes_in_use, before.bytes_in_use);
+  EXPECT_EQ(after.device_malloc_calls, before.device_malloc_calls);  // only the peak is touched
+  { const Tensor small = Tensor::zeros({100}, DType::float32, d); }
+  EXPECT_GT(memory_stats(d).peak_bytes_in_use, after.bytes_in_use);
+  EXPECT_LT(memory_stats(d).peak_bytes_in_use, before.peak_bytes_in_use);
+}
+
 // A Tensor with static storage duration created before the allocator's first use is destroyed after
 // the allocator's own statics would be; its buffer must still go back cleanly at exit. The death-test
 // child is a fresh process ("threadsafe" style re-runs this test alone), so the holder below really is

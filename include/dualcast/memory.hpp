@@ -23,6 +23,9 @@ struct MemoryStats {
 MemoryStats memory_stats(Device device);
 /// Returns every cached, unused block of `device` to the driver (cudaFree); live buffers stay.
 void empty_cache(Device device);
+/// Starts a new peak: peak_bytes_in_use of `device` becomes its current bytes_in_use (so a long
+/// run's peak is its own, not that of whatever ran before it in the process).
+void reset_peak_memory_stats(Device device);
 
 /// Owns `bytes` of memory on a device: host memory (64-byte aligned) or a block of the caching
 /// device allocator. Move-only: a deep copy is always an explicit Tensor::clone().
