@@ -11,7 +11,9 @@
 //    loss; backward is (softmax - onehot) * adjoint / N in one elementwise pass. Labels are class
 //    indices held in a float32/float64 (or uint8) tensor, e.g. Tensor::from_vector<int>; a label
 //    outside [0, C) or not an integer is a dualcast::Error naming it (checking costs one device
-//    synchronisation per call). Invariant under shifting all logits by a constant (e.g. +1e5).
+//    synchronisation per call on a GPU; while a Graph captures, where nothing can be read back, the
+//    check is skipped and a bad label makes the loss and the gradient NaN at every replay).
+//    Invariant under shifting all logits by a constant (e.g. +1e5).
 //  - mse(pred, target) = mean((pred - target)^2) over all elements; pred and target must have the
 //    same shape (no broadcasting: a [N, 1] vs [N] mix-up is an Error, not an N x N loss). Both may
 //    require gradients.
