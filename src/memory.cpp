@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "dualcast/error.hpp"
+#include "dualcast/graph.hpp"
 #include "dualcast/stream.hpp"
 #include "memory_pool.hpp"
 

@@ -215,6 +215,19 @@ Tensor Tensor::view(const Shape& shape) const {
   return t;
 }
 
+Tensor Tensor::narrow(std::int64_t start, std::int64_t length) const {
+  check_defined(*this, "Tensor::narrow", "self");
+  DUALCAST_CHECK(rank() >= 1 && is_contiguous(), "narrow: needs a contiguous tensor of rank >= 1, got ",
+                 str());
+  DUALCAST_CHECK(start >= 0 && length >= 0 && start + length <= shape_[0], "narrow: rows [", start,
+                 ", ", start + length, ") are outside the first dimension of ", str());
+  Tensor t = *this;
+  t.shape_[0] = length;
+  t.strides_ = contiguous_strides(t.shape_);
+  t.offset_ = offset_ + start * strides_[0];
+  return t;
+}
+
 template <class T>
 std::vector<T> Tensor::to_vector() const {
   check_defined(*this, "Tensor::to_vector", "self");
