@@ -279,13 +279,19 @@ CurveComparison compare_charlm_modes(const TrainConfig& cfg, double tolerance,
 
 CaptureCurveComparison compare_charlm_capture(const TrainConfig& cfg, double tolerance,
                                               std::function<void(int step, double bpc)> progress) {
-  CaptureCurveComparison r;
-  r.tolerance = tolerance > 0 ? tolerance : 1e-6;
   TrainConfig c = cfg;
   c.captured = false;
-  r.eager = train_charlm(c, progress);
+  TrainLog eager = train_charlm(c, progress);
   c.captured = true;
-  r.graph = train_charlm(c, progress);
+  TrainLog graph = train_charlm(c, progress);
+  return compare_capture_curves(std::move(eager), std::move(graph), tolerance);
+}
+
+CaptureCurveComparison compare_capture_curves(TrainLog eager, TrainLog graph, double tolerance) {
+  CaptureCurveComparison r;
+  r.tolerance = tolerance > 0 ? tolerance : 1e-6;
+  r.eager = std::move(eager);
+  r.graph = std::move(graph);
   const std::size_t n = std::min(r.eager.step.size(), r.graph.step.size());
   r.bitwise = r.eager.step.size() == r.graph.step.size() && n > 0;
   double worst = 0.0;
@@ -299,7 +305,7 @@ CaptureCurveComparison compare_charlm_capture(const TrainConfig& cfg, double tol
   r.max_abs_diff_bpc = worst;
   r.ok = r.eager.step.size() == r.graph.step.size() && n > 0 && worst <= r.tolerance;
   std::ostringstream os;
-  os << "charlm " << cell_mode_name(cfg.net.mode) << " eager vs captured over " << n << " log entries: "
+  os << "charlm " << cell_mode_name(r.eager.mode) << " eager vs captured over " << n << " log entries: "
      << (r.bitwise ? "identical bits/char" : "max |diff| " + std::to_string(worst) + " bits/char")
      << " (tolerance " << r.tolerance << ")" << (r.ok ? ": ok" : ": FAILED") << "; final valid bpc "
      << (n ? r.graph.valid_bpc[n - 1] : NAN) << "; " << r.eager.ms_per_step << " (eager) vs "

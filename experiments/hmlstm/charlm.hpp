@@ -139,5 +139,7 @@ struct CaptureCurveComparison {
 };
 CaptureCurveComparison compare_charlm_capture(const TrainConfig& cfg, double tolerance = 0.0,
                                               std::function<void(int step, double bpc)> progress = {});
+/// The comparison itself, on the two logs (what compare_charlm_capture applies).
+CaptureCurveComparison compare_capture_curves(TrainLog eager, TrainLog graph, double tolerance = 0.0);
 
 }  // namespace hmlstm
