@@ -1,7 +1,8 @@
 // test_graph.cu: Graph (graph.hpp), whole-step capture and replay.
 //
 //  * an MLP training loop (SGD with momentum, Adam) replayed from one capture equals the same loop run
-//    eagerly, bit for bit (the same kernels in the same order), on the CPU and the GPU;
+//    eagerly (the same kernels in the same order: bit for bit on the CPU, <= 1e-6 and reported on the
+//    GPU);
 //  * the contract's errors: replay before capture, a second capture, a moved-from Graph, replay on
 //    another device; on a GPU every operation that cannot be recorded (host reads, host copies,
 //    synchronize, empty_cache, nested captures, ...) is a dualcast::Error naming it, the capture is
@@ -11,7 +12,9 @@
 //  * state that changes between replays: set_lr, Adam's step count, a fed input.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <memory>
 #include <set>
@@ -120,16 +123,41 @@ class GraphDevices : public ::testing::TestWithParam<Device> {};
 
 // ---- capture and replay equal eager execution ------------------------------------------------------
 
-TEST_P(GraphDevices, MlpTrainingLoopReplayedEqualsEagerBitForBit) {
+namespace {
+/// max |a - b| / max(1, |b|) over two equally long lists (infinity for a length mismatch or NaN).
+double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  double m = 0.0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const double d = std::fabs(static_cast<double>(a[i]) - b[i]) / std::max(1.0, std::fabs(static_cast<double>(b[i])));
+    if (!(d <= m)) m = std::isnan(d) ? INFINITY : d;
+  }
+  return m;
+}
+}  // namespace
+
+// The same kernels in the same order: identical results. The CPU replay is literally the eager code;
+// on a GPU identity also needs cuBLAS to pick the same algorithms with and without capture (same
+// handle, same workspace), so there the test holds the runs to 1e-6 and reports whether they are
+// bit for bit equal.
+TEST_P(GraphDevices, MlpTrainingLoopReplayedEqualsEager) {
   const Device d = GetParam();
   DUALCAST_SKIP_IF_UNAVAILABLE(d);
   for (int which : {0, 1}) {
+    const char* opt = which ? "Adam" : "SGD";
     const TrainRun eager = eager_run(d, which, 8);
     const TrainRun replay = replay_run(d, which, 8);
-    EXPECT_EQ(replay.losses, eager.losses) << (which ? "Adam" : "SGD");
     ASSERT_EQ(replay.params.size(), eager.params.size());
-    for (std::size_t k = 0; k < eager.params.size(); ++k)
-      EXPECT_EQ(replay.params[k], eager.params[k]) << (which ? "Adam" : "SGD") << " parameter " << k;
+    bool bitwise = replay.losses == eager.losses;
+    double worst = max_rel_diff(replay.losses, eager.losses);
+    for (std::size_t k = 0; k < eager.params.size(); ++k) {
+      bitwise = bitwise && replay.params[k] == eager.params[k];
+      worst = std::max(worst, max_rel_diff(replay.params[k], eager.params[k]));
+    }
+    if (d.is_cpu()) EXPECT_TRUE(bitwise) << opt << ": max rel diff " << worst;
+    EXPECT_LE(worst, 1e-6) << opt;
+    std::printf("[ mlp/%s/%s ] replay vs eager over 8 steps: %s (max rel diff %.3g)\n", opt,
+                dualcast::testing::device_label(d), bitwise ? "bit for bit identical" : "NOT bitwise", worst);
     for (float l : eager.losses) EXPECT_TRUE(std::isfinite(l));
     EXPECT_NE(eager.params[0], Mlp(d).params[0].value().to_vector<float>());  // it did train
   }
@@ -207,7 +235,9 @@ TEST_P(GraphDevices, AdamCountsStepsAndReadsTheLearningRateOnTheDevice) {
   }
   EXPECT_EQ(graph_opt.param_steps(0), 6);
   EXPECT_EQ(eager_opt.param_steps(0), 6);
-  EXPECT_EQ(pa.value().to_vector<double>(), pb.value().to_vector<double>());
+  const auto va = pa.value().to_vector<double>(), vb = pb.value().to_vector<double>();
+  for (std::size_t i = 0; i < va.size(); ++i) EXPECT_NEAR(va[i], vb[i], 1e-12 * (1 + std::fabs(vb[i])));
+  if (d.is_cpu()) EXPECT_EQ(va, vb);
 }
 
 // ---- contract errors on both devices -----------------------------------------------------------------
