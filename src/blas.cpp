@@ -87,6 +87,18 @@ cublasHandle_t cublas_handle(Device device) {
     // Full fp32: no TF32 tensor-core rounding (CUBLAS_DEFAULT_MATH never down-converts fp32).
     DUALCAST_CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
     DUALCAST_CUBLAS_CHECK(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST));
+    // A workspace of our own, set once: without it cuBLAS allocates its workspace itself, which under
+    // stream capture becomes memory nodes in the graph (cuBLAS docs, "CUDA Graphs Support"). The
+    // same workspace in eager and captured calls also keeps their algorithm choices, and so their
+    // results, identical. Size: cuBLAS's recommendation (32 MiB on Hopper and newer, 4 MiB before).
+    // Like the handle it lives until the process ends; it is outside the caching allocator, whose
+    // statistics count tensor memory.
+    int major = 0;
+    DUALCAST_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device.index));
+    const std::size_t ws_bytes = major >= 9 ? (std::size_t{32} << 20) : (std::size_t{4} << 20);
+    void* ws = nullptr;
+    DUALCAST_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
+    DUALCAST_CUBLAS_CHECK(cublasSetWorkspace(h, ws, ws_bytes));
     handles[device.index] = h;
     ++g_handles_created;
   });
@@ -126,6 +138,14 @@ void cuda_gemm(Device device, bool ta, bool tb, std::int64_t m, std::int64_t n, 
 }  // namespace
 
 int cublas_handles_created() { return g_handles_created.load(); }
+
+void blas_prepare(Device device) {
+#if DUALCAST_WITH_CUDA
+  if (device.is_cuda()) (void)cublas_handle(device);
+#else
+  (void)device;
+#endif
+}
 
 void gemm(Device device, DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
           std::int64_t k, double alpha, const void* a, std::int64_t lda, std::int64_t stride_a,

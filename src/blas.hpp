@@ -1,7 +1,8 @@
 // blas.hpp (private): row-major GEMM on either backend. The CPU calls CBLAS (OpenBLAS, CblasRowMajor);
 // CUDA devices call cuBLAS through one handle per device, created lazily and thread-safely on first
-// use, bound to the legacy default stream 0 that every other dualcast kernel and copy uses, in
-// CUBLAS_DEFAULT_MATH mode (fp32 stays fp32: no TF32 tensor-core rounding).
+// use, bound to the device's dualcast stream (detail::stream) that every other dualcast kernel and copy
+// uses, with a workspace of its own (so calls can be captured in a CUDA graph), in CUBLAS_DEFAULT_MATH
+// mode (fp32 stays fp32: no TF32 tensor-core rounding).
 #pragma once
 
 #include <cstdint>
@@ -16,7 +17,7 @@ namespace dualcast::detail {
 /// where op(A_b) is [m, k] (A_b stored [m, k] with row pitch lda, or [k, m] when trans_a) and
 /// op(B_b) is [k, n] (stored [k, n] with pitch ldb, or [n, k] when trans_b); C_b is [m, n] with
 /// pitch ldc. A stride of 0 shares one matrix across the batch (not allowed for C). `dtype` is
-/// float32 or float64 and every pointer lives on `device`. Asynchronous on CUDA devices (stream 0).
+/// float32 or float64 and every pointer lives on `device`. Asynchronous on CUDA devices (dualcast's stream).
 /// k == 0 is allowed (C_b = beta * C_b); m, n or batch of 0 do nothing.
 void gemm(Device device, DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
           std::int64_t k, double alpha, const void* a, std::int64_t lda, std::int64_t stride_a,
@@ -25,5 +26,9 @@ void gemm(Device device, DType dtype, bool trans_a, bool trans_b, std::int64_t m
 
 /// Number of cuBLAS handles created so far (one per device at most; for tests).
 int cublas_handles_created();
+
+/// Creates the device's cuBLAS handle and workspace now if they do not exist yet (Graph::capture
+/// calls it first: creating them during a capture would allocate). No-op on the CPU.
+void blas_prepare(Device device);
 
 }  // namespace dualcast::detail

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "dualcast/error.hpp"
+#include "dualcast/graph.hpp"
 #include "dualcast/parallel.hpp"
 #include "dualcast/stream.hpp"
 
@@ -57,6 +58,7 @@ std::string Device::str() const {
 void synchronize(Device device) {
   if (device.is_cpu()) return;
 #if DUALCAST_WITH_CUDA
+  detail::check_not_capturing(device, "synchronize");
   detail::DeviceGuard guard(device);
   DUALCAST_CUDA_CHECK(cudaDeviceSynchronize());
 #endif

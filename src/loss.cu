@@ -16,6 +16,7 @@
 #include <string>
 
 #include "dualcast/error.hpp"
+#include "dualcast/graph.hpp"
 #include "dualcast/kernels/reduce.cuh"
 #include "dualcast/ops/reduce.hpp"
 #include "dualcast/parallel.hpp"
@@ -248,11 +249,21 @@ __global__ void __launch_bounds__(kLineBlock)
     line_stats(x, r * C, 1, C, lane, G, m, s);
     group_allreduce<G>(m, s, MergeMaxSum{});
     if (lane == 0) {
-      // An invalid label raises the flag (reported by the host) and reads class 0 meanwhile.
+      // An invalid label raises the flag (reported by the host) and makes the row's loss and
+      // statistics NaN, so its loss and gradient are NaN: under graph capture, where the host cannot
+      // read the flag, a bad label is poisoned output rather than a plausible wrong answer.
       const double lv = static_cast<double>(labels[r]);
       const bool ok = label_ok(lv, C);
       if (!ok) atomicOr(bad, 1u);
-      row_loss[r] = ce_row_finish(x, r, C, ok ? static_cast<std::int64_t>(lv) : 0, m, s, stats);
+      const T loss = ce_row_finish(x, r, C, ok ? static_cast<std::int64_t>(lv) : 0, m, s, stats);
+      if (ok) {
+        row_loss[r] = loss;
+      } else {
+        const T nan = static_cast<T>(NAN);
+        row_loss[r] = nan;
+        stats[2 * r] = nan;
+        stats[2 * r + 1] = nan;
+      }
     }
   }
 }
@@ -519,7 +530,9 @@ CrossEntropyResult cross_entropy_impl(const Tensor& logits0, const Tensor& label
                                detail::ScaledStore<T, double>{r.loss.data<T>(),
                                                               1.0 / static_cast<double>(N)});
   });
-  if (bad_flag.defined()) {
+  // Under graph capture the flag cannot be read back (the step only records); a bad label then
+  // yields a NaN loss and NaN gradients at every replay instead of an Error.
+  if (bad_flag.defined() && !capturing(dev)) {
     const std::vector<std::uint8_t> f = bad_flag.to_vector<std::uint8_t>();
     if (f[0] || f[1] || f[2] || f[3]) detail::throw_first_bad_label(r.labels, r.logits.shape());
   }

@@ -6,10 +6,15 @@
 // (four classes per power of two, at most 25% slack), freed blocks wait in a per-class free list, and
 // every allocation and free is ordered on the device's one stream, so a block can be reused as soon
 // as it is returned.
+//
+// Graph pools (the end of this file; src/memory_pool.hpp): while a Graph captures on a device, every
+// allocation there comes from a pool that belongs to the graph, and every block freed there goes to
+// it, so the addresses a captured graph reads and writes are never handed to anyone else.
 #include "dualcast/memory.hpp"
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
@@ -17,10 +22,13 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "dualcast/error.hpp"
+#include "dualcast/graph.hpp"
 #include "dualcast/stream.hpp"
+#include "memory_pool.hpp"
 
 #if DUALCAST_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -37,6 +45,10 @@ struct DeviceCache {
   std::mutex mutex;
   std::map<std::size_t, std::vector<void*>> free_blocks;
   MemoryStats stats;
+  // Graph pools: the pool of the capture in progress (null when none), and the pool owning each
+  // block that belongs to one (empty while no pool exists, so eager frees skip the lookup).
+  std::atomic<detail::GraphPool*> capturing{nullptr};
+  std::unordered_map<void*, detail::GraphPool*> pool_of;
 };
 
 // The allocator's state is created on first use and never destroyed: a Tensor with static storage
@@ -88,10 +100,14 @@ std::string stats_str(const MemoryStats& s) {
                         s.device_free_calls, " cudaFree calls, ", s.cache_hits, " cache hits");
 }
 
+void* pool_allocate(DeviceCache& cache, detail::GraphPool& pool, std::size_t block, int index);
+bool pool_deallocate(DeviceCache& cache, void* p, std::size_t block) noexcept;
+
 /// `requested` bytes asked for, served as a block of `block` bytes (its size class).
 void* device_allocate(std::size_t requested, std::size_t block, int index) {
   DeviceCache& cache = cache_for(index);
   std::lock_guard lock(cache.mutex);
+  if (detail::GraphPool* pool = cache.capturing.load()) return pool_allocate(cache, *pool, block, index);
   auto it = cache.free_blocks.find(block);
   void* p = nullptr;
   if (it != cache.free_blocks.end() && !it->second.empty()) {
@@ -132,12 +148,160 @@ void* device_allocate(std::size_t requested, std::size_t block, int index) {
 void device_deallocate(void* p, std::size_t block, int index) noexcept {
   DeviceCache& cache = cache_for(index);
   std::lock_guard lock(cache.mutex);
+  if (pool_deallocate(cache, p, block)) return;
   cache.free_blocks[block].push_back(p);
   cache.stats.bytes_in_use -= static_cast<std::int64_t>(block);
 }
+
+// ---- graph pools (src/memory_pool.hpp) -----------------------------------------------------------
+
+void pool_adopt(DeviceCache& cache, detail::GraphPool& pool, void* p, std::size_t block);
+
 #endif
 
 }  // namespace
+
+namespace detail {
+struct GraphPool {
+  std::map<std::size_t, std::vector<void*>> free_blocks;
+  std::vector<std::pair<void*, std::size_t>> blocks;  // every block the pool owns
+  std::int64_t live = 0;                               // of them, handed out to live buffers now
+  bool owner_alive = true;
+};
+}  // namespace detail
+
+namespace {
+#if DUALCAST_WITH_CUDA
+void pool_adopt(DeviceCache& cache, detail::GraphPool& pool, void* p, std::size_t block) {
+  pool.blocks.emplace_back(p, block);
+  cache.pool_of[p] = &pool;
+  cache.stats.graph_pool_bytes += static_cast<std::int64_t>(block);
+}
+
+/// Returns every block of `pool` (none in use) to the general cache and deletes the pool.
+void pool_dissolve(DeviceCache& cache, detail::GraphPool* pool) noexcept {
+  for (const auto& [p, block] : pool->blocks) {
+    cache.free_blocks[block].push_back(p);
+    cache.pool_of.erase(p);
+    cache.stats.graph_pool_bytes -= static_cast<std::int64_t>(block);
+  }
+  delete pool;
+}
+
+// Called with cache.mutex held.
+void* pool_allocate(DeviceCache& cache, detail::GraphPool& pool, std::size_t block, int index) {
+  void* p = nullptr;
+  auto own = pool.free_blocks.find(block);
+  if (own != pool.free_blocks.end() && !own->second.empty()) {
+    p = own->second.back();
+    own->second.pop_back();
+    ++cache.stats.cache_hits;
+  } else if (auto gen = cache.free_blocks.find(block);
+             gen != cache.free_blocks.end() && !gen->second.empty()) {
+    // An idle block of the general cache: every earlier use of it is ordered before the graph's.
+    p = gen->second.back();
+    gen->second.pop_back();
+    ++cache.stats.cache_hits;
+    pool_adopt(cache, pool, p, block);
+  } else {
+    // cudaMalloc is a "potentially unsafe" call under global capture mode (it may synchronise):
+    // allowed for this thread in relaxed mode, as PyTorch's caching allocator does. It does not
+    // enter the graph: the block simply exists before the first replay.
+    detail::DeviceGuard guard(Device{DeviceKind::cuda, index});
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    const cudaError_t err = cudaMalloc(&p, block);
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      // No retry after emptying the cache here: cudaFree cannot run while a capture is in progress.
+      DUALCAST_FAIL("out of device memory during graph capture: could not allocate ", block,
+                    " bytes on cuda:", index, " (", cudaGetErrorString(err), "; dualcast holds ",
+                    cache.stats.bytes_held, " bytes, ", cache.stats.bytes_in_use,
+                    " in use; call empty_cache before capturing to return cached blocks)");
+    }
+    ++cache.stats.device_malloc_calls;
+    cache.stats.bytes_held += static_cast<std::int64_t>(block);
+    pool_adopt(cache, pool, p, block);
+  }
+  ++pool.live;
+  cache.stats.bytes_in_use += static_cast<std::int64_t>(block);
+  if (cache.stats.bytes_in_use > cache.stats.peak_bytes_in_use)
+    cache.stats.peak_bytes_in_use = cache.stats.bytes_in_use;
+  return p;
+}
+
+// Called with cache.mutex held. Returns false when the block goes to the general cache.
+bool pool_deallocate(DeviceCache& cache, void* p, std::size_t block) noexcept {
+  detail::GraphPool* const capturing = cache.capturing.load();
+  if (cache.pool_of.empty() && capturing == nullptr) return false;
+  detail::GraphPool* pool = nullptr;
+  if (auto it = cache.pool_of.find(p); it != cache.pool_of.end()) {
+    pool = it->second;
+    --pool->live;
+  } else if (capturing != nullptr) {
+    // Allocated before the capture and freed during it: the graph may read it, so it must never be
+    // handed to anyone else while the graph lives.
+    pool = capturing;
+    pool_adopt(cache, *pool, p, block);
+  } else {
+    return false;
+  }
+  pool->free_blocks[block].push_back(p);
+  cache.stats.bytes_in_use -= static_cast<std::int64_t>(block);
+  if (!pool->owner_alive && pool->live == 0 && pool != capturing) pool_dissolve(cache, pool);
+  return true;
+}
+#endif
+}  // namespace
+
+namespace detail {
+
+GraphPool* pool_begin_capture(Device device) {
+#if DUALCAST_WITH_CUDA
+  DeviceCache& cache = cache_for(device.index);
+  std::lock_guard lock(cache.mutex);
+  DUALCAST_CHECK(cache.capturing.load() == nullptr, "Graph::capture: a capture is already in progress on ",
+                 device.str(), " (captures cannot be nested)");
+  auto* pool = new GraphPool();
+  cache.capturing.store(pool);
+  return pool;
+#else
+  DUALCAST_FAIL("Graph::capture on ", device.str(), ": this dualcast was built without CUDA");
+#endif
+}
+
+void pool_end_capture(Device device, GraphPool* pool) noexcept {
+#if DUALCAST_WITH_CUDA
+  DeviceCache& cache = cache_for(device.index);
+  std::lock_guard lock(cache.mutex);
+  if (cache.capturing.load() == pool) cache.capturing.store(nullptr);
+#else
+  (void)device;
+  (void)pool;
+#endif
+}
+
+void pool_release(Device device, GraphPool* pool) noexcept {
+#if DUALCAST_WITH_CUDA
+  if (pool == nullptr) return;
+  DeviceCache& cache = cache_for(device.index);
+  std::lock_guard lock(cache.mutex);
+  if (cache.capturing.load() == pool) cache.capturing.store(nullptr);
+  pool->owner_alive = false;
+  if (pool->live == 0) pool_dissolve(cache, pool);
+#else
+  (void)device;
+  (void)pool;
+#endif
+}
+
+bool pool_capturing(Device device) noexcept {
+  if (!device.is_cuda() || device.index < 0 || device.index >= kMaxDevices) return false;
+  return cache_for(device.index).capturing.load() != nullptr;
+}
+
+}  // namespace detail
 
 MemoryStats memory_stats(Device device) {
   if (device.is_cpu()) {
@@ -152,6 +316,7 @@ MemoryStats memory_stats(Device device) {
 void empty_cache(Device device) {
   if (device.is_cpu()) return;
 #if DUALCAST_WITH_CUDA
+  detail::check_not_capturing(device, "empty_cache (it synchronises the device and frees memory)");
   DeviceCache& cache = cache_for(device.index);
   std::lock_guard lock(cache.mutex);
   DUALCAST_CUDA_CHECK(cudaDeviceSynchronize());
@@ -255,6 +420,15 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
   }
 #if DUALCAST_WITH_CUDA
   const Device d = dst_device.is_cuda() ? dst_device : src_device;
+  // A copy to or from the host waits for it, and one between devices waits for the source: neither
+  // can be recorded in a graph. A device-to-device copy on one device is a graph node like a kernel.
+  if (dst_device.is_cpu() || src_device.is_cpu())
+    detail::check_not_capturing(d, dst_device.is_cpu() ? "a copy from the device to the host"
+                                                       : "a copy from the host to the device");
+  else if (dst_device.index != src_device.index) {
+    detail::check_not_capturing(src_device, "a copy between two devices");
+    detail::check_not_capturing(dst_device, "a copy between two devices");
+  }
   detail::DeviceGuard guard(d);
   if (dst_device.is_cuda() && src_device.is_cuda() && dst_device.index != src_device.index) {
     // The source device's pending work must finish before its memory is read from elsewhere.

@@ -10,6 +10,7 @@
 #include <unordered_set>
 
 #include "dualcast/error.hpp"
+#include "dualcast/graph.hpp"
 #include "dualcast/parallel.hpp"
 
 namespace dualcast::optim {
@@ -31,17 +32,23 @@ DUALCAST_HD inline double flush_subnormal(double x) {
   return ::fabs(x) < 2.2250738585072014e-308 ? 0.0 : x;
 }
 
+// The learning rate (and Adam's bias corrections) are read from device scalars in float64 and
+// rounded to T in the kernel: the same value the host computed and passed before, so eager results
+// are unchanged, and a captured step reads the values current at each replay.
 template <class T>
-void sgd_plain(Device device, T* p, const T* g, std::int64_t n, T lr, T wd) {
+void sgd_plain(Device device, T* p, const T* g, std::int64_t n, const double* lr_dev, T wd) {
   parallel_for(device, n, [=] DUALCAST_HD(std::int64_t i) {
+    const T lr = static_cast<T>(*lr_dev);
     const T d = g[i] + wd * p[i];
     p[i] = p[i] - lr * d;
   });
 }
 
 template <class T>
-void sgd_momentum(Device device, T* p, const T* g, T* buf, std::int64_t n, T lr, T momentum, T wd) {
+void sgd_momentum(Device device, T* p, const T* g, T* buf, std::int64_t n, const double* lr_dev,
+                  T momentum, T wd) {
   parallel_for(device, n, [=] DUALCAST_HD(std::int64_t i) {
+    const T lr = static_cast<T>(*lr_dev);
     const T d = g[i] + wd * p[i];
     const T b = flush_subnormal(momentum * buf[i] + d);
     buf[i] = b;
@@ -49,12 +56,29 @@ void sgd_momentum(Device device, T* p, const T* g, T* buf, std::int64_t n, T lr,
   });
 }
 
+/// Advances Adam's step count of `n` consecutive schedule rows (t, step size, 1/sqrt(bc2)) and
+/// recomputes their bias corrections from it, in double as the host did: bc = 1 - beta^t.
+inline void adam_schedule(Device device, double* rows, std::int64_t n, const double* lr_dev,
+                          double beta1, double beta2) {
+  parallel_for(device, n, [=] DUALCAST_HD(std::int64_t r) {
+    double* row = rows + 3 * r;
+    const double t = row[0] + 1.0;
+    row[0] = t;
+    const double bc1 = 1.0 - ::pow(beta1, t);
+    const double bc2 = 1.0 - ::pow(beta2, t);
+    row[1] = *lr_dev / bc1;
+    row[2] = 1.0 / ::sqrt(bc2);
+  });
+}
+
 // PyTorch's form: p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps).
 template <class T>
-void adam_update(Device device, T* p, const T* g, T* m, T* v, std::int64_t n, T step_size, T beta1,
-                 T beta2, T inv_sqrt_bc2, T eps, T wd) {
+void adam_update(Device device, T* p, const T* g, T* m, T* v, std::int64_t n, const double* row,
+                 T beta1, T beta2, T eps, T wd) {
   const T one_minus_beta1 = T(1) - beta1, one_minus_beta2 = T(1) - beta2;
   parallel_for(device, n, [=] DUALCAST_HD(std::int64_t i) {
+    const T step_size = static_cast<T>(row[1]);
+    const T inv_sqrt_bc2 = static_cast<T>(row[2]);
     const T d = g[i] + wd * p[i];
     const T mi = flush_subnormal(beta1 * m[i] + one_minus_beta1 * d);
     const T vi = flush_subnormal(beta2 * v[i] + one_minus_beta2 * d * d);
@@ -65,22 +89,21 @@ void adam_update(Device device, T* p, const T* g, T* m, T* v, std::int64_t n, T 
 }
 
 template <class T>
-void run_sgd(const Tensor& p, const Tensor& g, const Tensor* buf, double lr, double momentum,
+void run_sgd(const Tensor& p, const Tensor& g, const Tensor* buf, const double* lr, double momentum,
              double wd) {
   if (buf != nullptr)
-    sgd_momentum<T>(p.device(), p.data<T>(), g.data<T>(), buf->data<T>(), p.numel(),
-                    static_cast<T>(lr), static_cast<T>(momentum), static_cast<T>(wd));
+    sgd_momentum<T>(p.device(), p.data<T>(), g.data<T>(), buf->data<T>(), p.numel(), lr,
+                    static_cast<T>(momentum), static_cast<T>(wd));
   else
-    sgd_plain<T>(p.device(), p.data<T>(), g.data<T>(), p.numel(), static_cast<T>(lr),
-                 static_cast<T>(wd));
+    sgd_plain<T>(p.device(), p.data<T>(), g.data<T>(), p.numel(), lr, static_cast<T>(wd));
 }
 
 template <class T>
-void run_adam(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, double step_size,
-              double beta1, double beta2, double inv_sqrt_bc2, double eps, double wd) {
-  adam_update<T>(p.device(), p.data<T>(), g.data<T>(), m.data<T>(), v.data<T>(), p.numel(),
-                 static_cast<T>(step_size), static_cast<T>(beta1), static_cast<T>(beta2),
-                 static_cast<T>(inv_sqrt_bc2), static_cast<T>(eps), static_cast<T>(wd));
+void run_adam(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const double* row,
+              double beta1, double beta2, double eps, double wd) {
+  adam_update<T>(p.device(), p.data<T>(), g.data<T>(), m.data<T>(), v.data<T>(), p.numel(), row,
+                 static_cast<T>(beta1), static_cast<T>(beta2), static_cast<T>(eps),
+                 static_cast<T>(wd));
 }
 
 }  // namespace detail
@@ -110,11 +133,36 @@ Optimizer::Optimizer(std::vector<Var> params, double lr, const char* who)
     DUALCAST_CHECK(seen.insert(p.state().get()).second, who, ": parameter ", i, " of shape ",
                    p.shape().str(), " appears twice in the list (it would be updated twice)");
   }
+  group_of_.resize(params_.size());
+  slot_of_.resize(params_.size());
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const Device d = params_[i].device();
+    std::size_t k = 0;
+    while (k < groups_.size() && groups_[k].device != d) ++k;
+    if (k == groups_.size()) {
+      dualcast::detail::check_not_capturing(
+          d, "constructing an optimizer (it initialises device state)");
+      groups_.push_back(DeviceGroup{d, Tensor::full(Shape{1}, lr, DType::float64, d), {}});
+    }
+    group_of_[i] = k;
+    slot_of_[i] = groups_[k].members.size();
+    groups_[k].members.push_back(i);
+  }
 }
 
 void Optimizer::set_lr(double lr) {
   check_lr(lr, who_);
+  if (lr == lr_) return;
+  for (const DeviceGroup& g : groups_)
+    dualcast::detail::check_not_capturing(
+        g.device, "Optimizer::set_lr with a new value (the learning rate is a device scalar that "
+                  "a captured step reads; set it between replays)");
+  for (DeviceGroup& g : groups_) g.lr.fill_(lr);
   lr_ = lr;
+}
+
+const double* Optimizer::lr_on_device(std::size_t i) const {
+  return groups_[group_of_[i]].lr.data<double>();
 }
 
 void Optimizer::zero_grad() {
@@ -156,9 +204,9 @@ void SGD::step() {
     const Tensor& p = params_[i].value();
     const Tensor* buf = momentum_ > 0.0 ? &buffers_[i] : nullptr;
     if (p.dtype() == DType::float32)
-      detail::run_sgd<float>(p, g, buf, lr_, momentum_, weight_decay_);
+      detail::run_sgd<float>(p, g, buf, lr_on_device(i), momentum_, weight_decay_);
     else
-      detail::run_sgd<double>(p, g, buf, lr_, momentum_, weight_decay_);
+      detail::run_sgd<double>(p, g, buf, lr_on_device(i), momentum_, weight_decay_);
   }
   ++steps_;
 }
@@ -179,30 +227,52 @@ Adam::Adam(std::vector<Var> params, double lr, double beta1, double beta2, doubl
                  weight_decay, " must be a finite number >= 0");
   m_.reserve(params_.size());
   v_.reserve(params_.size());
-  t_.assign(params_.size(), 0);
   for (const Var& p : params_) {
     const Tensor& v = p.value();
     m_.push_back(Tensor::zeros(v.shape(), v.dtype(), v.device()));
     v_.push_back(Tensor::zeros(v.shape(), v.dtype(), v.device()));
   }
+  for (const DeviceGroup& g : groups_)
+    schedule_.push_back(Tensor::zeros(
+        Shape{static_cast<std::int64_t>(g.members.size()), 3}, DType::float64, g.device));
+}
+
+std::int64_t Adam::param_steps(std::size_t i) const {
+  DUALCAST_CHECK(i < params_.size(), "Adam::param_steps: parameter index ", i, " out of range (",
+                 params_.size(), " parameters)");
+  const std::vector<double> rows = schedule_[group_of_[i]].to_vector<double>();
+  return static_cast<std::int64_t>(rows[3 * slot_of_[i]]);
 }
 
 void Adam::step() {
+  std::vector<Tensor> grads(params_.size());
+  for (std::size_t i = 0; i < params_.size(); ++i) grads[i] = grad_of(i);
+  // Advance t and the bias corrections of the parameters that are updated: one kernel per device
+  // when all of its parameters have a gradient (the usual case), else one per parameter.
+  for (std::size_t k = 0; k < groups_.size(); ++k) {
+    const DeviceGroup& grp = groups_[k];
+    double* rows = schedule_[k].data<double>();
+    const double* lr = grp.lr.data<double>();
+    bool all = true;
+    for (std::size_t i : grp.members) all = all && grads[i].defined();
+    if (all) {
+      detail::adam_schedule(grp.device, rows, static_cast<std::int64_t>(grp.members.size()), lr,
+                            beta1_, beta2_);
+    } else {
+      for (std::size_t s = 0; s < grp.members.size(); ++s)
+        if (grads[grp.members[s]].defined())
+          detail::adam_schedule(grp.device, rows + 3 * s, 1, lr, beta1_, beta2_);
+    }
+  }
   for (std::size_t i = 0; i < params_.size(); ++i) {
-    const Tensor g = grad_of(i);
+    const Tensor& g = grads[i];
     if (!g.defined()) continue;
-    const std::int64_t t = ++t_[i];
-    const double bc1 = 1.0 - std::pow(beta1_, static_cast<double>(t));
-    const double bc2 = 1.0 - std::pow(beta2_, static_cast<double>(t));
-    const double step_size = lr_ / bc1;
-    const double inv_sqrt_bc2 = 1.0 / std::sqrt(bc2);
+    const double* row = schedule_[group_of_[i]].data<double>() + 3 * slot_of_[i];
     const Tensor& p = params_[i].value();
     if (p.dtype() == DType::float32)
-      detail::run_adam<float>(p, g, m_[i], v_[i], step_size, beta1_, beta2_, inv_sqrt_bc2, eps_,
-                              weight_decay_);
+      detail::run_adam<float>(p, g, m_[i], v_[i], row, beta1_, beta2_, eps_, weight_decay_);
     else
-      detail::run_adam<double>(p, g, m_[i], v_[i], step_size, beta1_, beta2_, inv_sqrt_bc2, eps_,
-                               weight_decay_);
+      detail::run_adam<double>(p, g, m_[i], v_[i], row, beta1_, beta2_, eps_, weight_decay_);
   }
   ++steps_;
 }

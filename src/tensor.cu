@@ -9,6 +9,7 @@
 #include <string>
 
 #include "dualcast/error.hpp"
+#include "dualcast/graph.hpp"
 #include "dualcast/parallel.hpp"
 #include "dualcast/random.hpp"
 
@@ -129,6 +130,7 @@ Tensor Tensor::from_vector(const Shape& shape, const std::vector<T>& values, Dev
                  " values do not fill shape ", shape.str(), " (", n, " elements)");
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double> ||
                 std::is_same_v<T, std::uint8_t>) {
+    detail::check_not_capturing(device, "Tensor::from_vector (a copy from the host)");
     Tensor t = allocate("from_vector", shape, dtype_of<T>(), device);
     copy_bytes(t.raw_data(), device, values.data(), Device::cpu(), t.nbytes());
     return t;
@@ -199,6 +201,12 @@ void* Tensor::raw_data() const {
 Tensor Tensor::to(Device device) const {
   check_defined(*this, "Tensor::to", "self");
   if (device == device_) return *this;
+  if (device_.is_cuda())
+    detail::check_not_capturing(device_, device.is_cpu() ? "Tensor::to(cpu) (a copy to the host)"
+                                                         : "Tensor::to (a copy to another device)");
+  if (device.is_cuda())
+    detail::check_not_capturing(device, device_.is_cpu() ? "Tensor::to (a copy from the host)"
+                                                         : "Tensor::to (a copy from another device)");
   Tensor t = allocate("Tensor::to", shape_, dtype_, device);
   copy_bytes(t.raw_data(), device, raw_data(), device_, nbytes());
   return t;
@@ -236,9 +244,23 @@ Tensor Tensor::view(const Shape& shape) const {
   return t;
 }
 
+Tensor Tensor::narrow(std::int64_t start, std::int64_t length) const {
+  check_defined(*this, "Tensor::narrow", "self");
+  DUALCAST_CHECK(rank() >= 1 && is_contiguous(), "narrow: needs a contiguous tensor of rank >= 1, got ",
+                 str());
+  DUALCAST_CHECK(start >= 0 && length >= 0 && start + length <= shape_[0], "narrow: rows [", start,
+                 ", ", start + length, ") are outside the first dimension of ", str());
+  Tensor t = *this;
+  t.shape_[0] = length;
+  t.strides_ = contiguous_strides(t.shape_);
+  t.offset_ = offset_ + start * strides_[0];
+  return t;
+}
+
 template <class T>
 std::vector<T> Tensor::to_vector() const {
   check_defined(*this, "Tensor::to_vector", "self");
+  detail::check_not_capturing(device_, "Tensor::to_vector (a host read of device values)");
   const Tensor host = to(Device::cpu());
   std::vector<T> out(static_cast<std::size_t>(numel()));
   dispatch_all(dtype_, "Tensor::to_vector", [&](auto tag) {
@@ -256,6 +278,7 @@ template std::vector<std::int64_t> Tensor::to_vector<std::int64_t>() const;
 
 double Tensor::item() const {
   check_defined(*this, "Tensor::item", "self");
+  detail::check_not_capturing(device_, "Tensor::item (a host read of a device value)");
   DUALCAST_CHECK(numel() == 1, "item: tensor of shape ", shape_.str(), " has ", numel(),
                  " elements, item() needs exactly one");
   return to_vector<double>()[0];
@@ -275,11 +298,20 @@ Tensor& Tensor::copy_(const Tensor& src) {
   check_defined(src, "Tensor::copy_", "src");
   DUALCAST_CHECK(src.shape() == shape_ && src.dtype() == dtype_, "copy_: source ", src.str(),
                  " does not match destination ", str());
+  if (src.device() != device_) {
+    const char* what = device_.is_cpu()        ? "Tensor::copy_ to the host"
+                       : src.device().is_cpu() ? "Tensor::copy_ from the host"
+                                               : "Tensor::copy_ between devices";
+    if (device_.is_cuda()) detail::check_not_capturing(device_, what);
+    if (src.device().is_cuda()) detail::check_not_capturing(src.device(), what);
+  }
   copy_bytes(raw_data(), device_, src.raw_data(), src.device(), nbytes());
   return *this;
 }
 
 double norm(const Tensor& t) {
+  check_defined(t, "norm", "t");
+  detail::check_not_capturing(t.device(), "norm (a host read of device values)");
   double s = 0.0;
   for (double v : t.to_vector<double>()) s += v * v;
   return std::sqrt(s);

@@ -10,7 +10,9 @@
 #include <sstream>
 
 #include "dualcast/error.hpp"
+#include "dualcast/graph.hpp"
 #include "dualcast/ops/elementwise.hpp"
+#include "dualcast/ops/reduce.hpp"
 #include "dualcast/optim.hpp"
 #include "dualcast/random.hpp"
 
@@ -116,6 +118,27 @@ double clip_grad_norm(std::vector<Var>& params, double max_norm) {
   return total;
 }
 
+Tensor clip_grad_norm_on_device(std::vector<Var>& params, double max_norm) {
+  Tensor sq;
+  for (const Var& p : params)
+    if (p.has_grad()) {
+      const Tensor g = p.grad();
+      const Tensor s = sum(g * g);
+      sq = sq.defined() ? sq + s : s;
+    }
+  DUALCAST_CHECK(sq.defined(), "clip_grad_norm_on_device: no parameter has a gradient");
+  const Tensor total = sqrt(sq);
+  if (max_norm > 0.0) {
+    const Tensor scale = max_norm / clamp(total, max_norm, HUGE_VAL);
+    for (Var& p : params)
+      if (p.has_grad()) {
+        Tensor g = p.grad();
+        g.copy_(g * scale);
+      }
+  }
+  return total;
+}
+
 namespace {
 
 /// Tokens [T+1, B] (float32, CPU): column b is text[off_b .. off_b + T].
@@ -198,18 +221,36 @@ TrainLog train_charlm(const TrainConfig& cfg, std::function<void(int step, doubl
     record(0, first, 0.0);
   }
 
+  // The step: one minibatch, backward, clipping on the device, the update. Captured, it is recorded
+  // once and replayed; the minibatch is fed into tokens_in and the slope is a device scalar the
+  // step reads (set_slope between replays). Eager, the same code runs each step.
+  log.captured = cfg.captured;
+  const Device dev = cfg.net.device;
+  Tensor tokens_in = Tensor::zeros({T + 1, B}, DType::float32, dev);
+  Tensor loss_out = Tensor::zeros({}, cfg.net.dtype, dev);
+  Tensor gnorm_out = Tensor::zeros({}, cfg.net.dtype, dev);
+  auto train_step = [&] {
+    opt->zero_grad();
+    Var loss = net.loss(tokens_in);
+    loss.backward();
+    const Tensor gnorm = clip_grad_norm_on_device(net.params(), cfg.clip_norm);
+    opt->step();
+    loss_out.copy_(loss.value());
+    gnorm_out.copy_(gnorm);
+  };
+  Graph graph;
+  if (cfg.captured) graph.capture(dev, train_step);
+
   double loss_acc = 0.0, gnorm_acc = 0.0, train_seconds = 0.0;
   int since = 0;
   for (int step = 0; step < cfg.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     net.set_slope(slope_at(step));
-    const Tensor batch = train_batch(step);
-    Var loss = net.loss(batch);
-    loss.backward();
-    gnorm_acc += clip_grad_norm(net.params(), cfg.clip_norm);
-    opt->step();
-    opt->zero_grad();
-    const double l = loss.item();
+    tokens_in.copy_(train_batch(step));
+    if (cfg.captured) graph.replay();
+    else train_step();
+    const double l = loss_out.item();
+    gnorm_acc += gnorm_out.item();
     train_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     DUALCAST_CHECK(std::isfinite(l), "train_charlm: non-finite training loss at step ", step);
     loss_acc += l;
@@ -234,6 +275,43 @@ CurveComparison compare_charlm_modes(const TrainConfig& cfg, double tolerance,
   c.net.mode = CellMode::reverse;
   TrainLog reverse = train_charlm(c, progress);
   return compare_curves(std::move(mixed), std::move(reverse), cfg.net.dtype, tolerance);
+}
+
+CaptureCurveComparison compare_charlm_capture(const TrainConfig& cfg, double tolerance,
+                                              std::function<void(int step, double bpc)> progress) {
+  TrainConfig c = cfg;
+  c.captured = false;
+  TrainLog eager = train_charlm(c, progress);
+  c.captured = true;
+  TrainLog graph = train_charlm(c, progress);
+  return compare_capture_curves(std::move(eager), std::move(graph), tolerance);
+}
+
+CaptureCurveComparison compare_capture_curves(TrainLog eager, TrainLog graph, double tolerance) {
+  CaptureCurveComparison r;
+  r.tolerance = tolerance > 0 ? tolerance : 1e-6;
+  r.eager = std::move(eager);
+  r.graph = std::move(graph);
+  const std::size_t n = std::min(r.eager.step.size(), r.graph.step.size());
+  r.bitwise = r.eager.step.size() == r.graph.step.size() && n > 0;
+  double worst = 0.0;
+  for (std::size_t k = 0; k < n; ++k)
+    for (std::vector<double> TrainLog::*curve : {&TrainLog::train_bpc, &TrainLog::valid_bpc}) {
+      const double a = (r.eager.*curve)[k], b = (r.graph.*curve)[k];
+      const double d = std::fabs(a - b);
+      if (!(d <= worst)) worst = std::isnan(d) ? INFINITY : d;
+      r.bitwise = r.bitwise && a == b;
+    }
+  r.max_abs_diff_bpc = worst;
+  r.ok = r.eager.step.size() == r.graph.step.size() && n > 0 && worst <= r.tolerance;
+  std::ostringstream os;
+  os << "charlm " << cell_mode_name(r.eager.mode) << " eager vs captured over " << n << " log entries: "
+     << (r.bitwise ? "identical bits/char" : "max |diff| " + std::to_string(worst) + " bits/char")
+     << " (tolerance " << r.tolerance << ")" << (r.ok ? ": ok" : ": FAILED") << "; final valid bpc "
+     << (n ? r.graph.valid_bpc[n - 1] : NAN) << "; " << r.eager.ms_per_step << " (eager) vs "
+     << r.graph.ms_per_step << " (captured) ms/step";
+  r.message = os.str();
+  return r;
 }
 
 CurveComparison compare_curves(TrainLog mixed, TrainLog reverse, DType dtype, double tolerance) {

@@ -61,6 +61,10 @@ struct TrainConfig {
   double valid_fraction = 0.1;   ///< tail of the corpus held out for validation
   int valid_batches = 4;         ///< validation batches of B x (T+1) characters per evaluation
   std::uint64_t data_seed = 7;   ///< minibatch sampling
+  /// Record the training step once (dualcast::Graph) and replay it every step, feeding each minibatch
+  /// into the step's static input and the slope through the network's device scalar. The same
+  /// kernels run in the same order as in the eager run, so the curves are the same.
+  bool captured = false;
 };
 
 struct TrainLog {
@@ -76,11 +80,18 @@ struct TrainLog {
   double train_seconds = 0.0;     ///< wall time of the training steps only
   double ms_per_step = 0.0;       ///< train_seconds / steps, in milliseconds
   CellMode mode = CellMode::mixed;
+  bool captured = false;
 };
 
 /// Scales the gradients of `params` in place so that their global L2 norm is at most max_norm;
-/// returns the norm before clipping. Parameters without a gradient are ignored.
+/// returns the norm before clipping. Parameters without a gradient are ignored. Reads the norms on the
+/// host (one synchronisation per parameter).
 double clip_grad_norm(std::vector<Var>& params, double max_norm);
+/// The same without leaving the device (so it can be captured): returns the norm before clipping as
+/// a 0-d tensor; every gradient is multiplied by max_norm / max(norm, max_norm), which is exactly 1
+/// when the norm is within the threshold. max_norm <= 0: no clipping (the norm is still computed).
+/// train_charlm uses this one, eager and captured alike.
+Tensor clip_grad_norm_on_device(std::vector<Var>& params, double max_norm);
 
 /// Trains the model of cfg.net (in cfg.net.mode) on the corpus; progress(step, train_bpc) is called at
 /// each log entry. Throws dualcast::Error for a bad corpus directory or a corpus too short for the
@@ -114,5 +125,21 @@ CurveComparison compare_charlm_modes(const TrainConfig& cfg, double tolerance = 
                                      std::function<void(int step, double bpc)> progress = {});
 /// The comparison itself, on two logs with the same entries (what compare_charlm_modes applies).
 CurveComparison compare_curves(TrainLog mixed, TrainLog reverse, DType dtype, double tolerance = 0.0);
+
+/// The same training run (cfg.net.mode) eager and captured (cfg.captured ignored), compared entry by
+/// entry: every train and valid bits/char must agree within `tolerance` (default 1e-6; the runs
+/// issue the same kernels in the same order, so they are expected to be identical).
+struct CaptureCurveComparison {
+  TrainLog eager, graph;
+  double max_abs_diff_bpc = 0.0;
+  bool bitwise = false;  ///< every logged bits/char identical
+  double tolerance = 0.0;
+  bool ok = false;
+  std::string message;
+};
+CaptureCurveComparison compare_charlm_capture(const TrainConfig& cfg, double tolerance = 0.0,
+                                              std::function<void(int step, double bpc)> progress = {});
+/// The comparison itself, on the two logs (what compare_charlm_capture applies).
+CaptureCurveComparison compare_capture_curves(TrainLog eager, TrainLog graph, double tolerance = 0.0);
 
 }  // namespace hmlstm

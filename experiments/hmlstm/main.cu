@@ -65,7 +65,9 @@ Workloads (--workloads, comma-separated; default a,b,c,d,e):
   e  the 3-layer HM-LSTM character model: one training step (mixed vs reverse), then a short
      character-LM training run in both modes (bits/char curves)
 Each of a-d times three methods: mixed (Partials::recompute), mixed_store (Partials::store),
-reverse (select form on Vars).
+reverse (select form on Vars). a and b (dims up to --graph-max-dims) and e also time the step
+recorded once in a dualcast::Graph and replayed: mixed_graph, reverse_graph (validated against the
+eager step first).
 
 Options:
   --device auto|cpu|cuda   where to run (default auto: the GPU when one is present)
@@ -81,7 +83,11 @@ Options:
   --e-hidden H --e-batch B --e-seq T
                            network shape of workload e (default: GPU 512/64/100; CPU 32/8/16)
   --e-reps N               timed training steps (default: GPU 20, CPU 3)
-  --train-steps N          steps of the training run (default: GPU 300, CPU 40; 0 skips it)
+  --train-steps N          steps of the training run (default: GPU 300, CPU 40; 0 skips it); the
+                           mixed-mode run is also replayed from a capture and must give the eager
+                           run's bits/char curve (to 1e-6)
+  --no-graphs              skip the captured variants (mixed_graph, reverse_graph, captured training)
+  --graph-max-dims N       largest dims of a and b with captured variants (default 1024)
   --max-sets N             input sets rotated at most (default 16; enough to exceed 2x the cache)
   --out DIR                output folder (default results/hmlstm): results.json, results.csv
   --validate-dir DIR       write the peers' validation directory (a_*, b_* at dims 256; e_* by
@@ -111,6 +117,8 @@ struct Options {
   int reps = -1, warmup = -1;
   int e_hidden = -1, e_batch = -1, e_seq = -1, e_reps = -1, train_steps = -1;
   int max_sets = 16;
+  bool graphs = true;
+  std::int64_t graph_max_dims = 1024;
   std::string out = "results/hmlstm";
   std::string validate_dir;
   bool peers = false;
@@ -207,6 +215,11 @@ Options parse_args(int argc, char** argv) {
       o.e_reps = static_cast<int>(parse_int(a, value(), 1, 100000));
     } else if (a == "--train-steps") {
       o.train_steps = static_cast<int>(parse_int(a, value(), 0, 10000000));
+    } else if (a == "--no-graphs") {
+      flag();
+      o.graphs = false;
+    } else if (a == "--graph-max-dims") {
+      o.graph_max_dims = parse_int(a, value(), 1, 1 << 17);
     } else if (a == "--max-sets") {
       o.max_sets = static_cast<int>(parse_int(a, value(), 1, 1024));
     } else if (a == "--out") {
@@ -340,7 +353,7 @@ struct TableOut {
 };
 
 TableOut make_table(const std::vector<Row>& rows, const std::vector<std::string>& peer_methods) {
-  std::vector<std::string> cols{"mixed", "mixed_store", "reverse"};
+  std::vector<std::string> cols{"mixed", "mixed_store", "reverse", "mixed_graph", "reverse_graph"};
   for (const auto& p : peer_methods) cols.push_back(p);
   std::ostringstream os;
   char buf[256];
@@ -350,7 +363,7 @@ TableOut make_table(const std::vector<Row>& rows, const std::vector<std::string>
     std::snprintf(buf, sizeof buf, " %11s", c.c_str());
     os << buf;
   }
-  os << "  mixed/floor reverse/mixed best-peer/mixed\n";
+  os << "  mixed/floor reverse/mixed best-peer/mixed rev_g/mix_g best-peer/mix_g\n";
   TableOut t;
   for (const auto& r : rows) {
     const bool ms_unit = r.workload == "e";
@@ -381,13 +394,18 @@ TableOut make_table(const std::vector<Row>& rows, const std::vector<std::string>
       const double v = get(p);
       if (std::isfinite(v) && !(v >= best_peer)) best_peer = v;
     }
+    const double mixed_g = get("mixed_graph"), reverse_g = get("reverse_graph");
     const double r1 = mixed / r.floor_ms, r2 = reverse / mixed, r3 = best_peer / mixed;
-    std::snprintf(buf, sizeof buf, "  %11s %13s %15s\n", std::isfinite(r1) ? fmt("%.2f", r1).c_str() : "-",
-                  std::isfinite(r2) ? fmt("%.2f", r2).c_str() : "-", std::isfinite(r3) ? fmt("%.2f", r3).c_str() : "-");
+    const double r4 = reverse_g / mixed_g, r5 = best_peer / mixed_g;
+    auto ratio = [](double x) { return std::isfinite(x) ? fmt("%.2f", x) : std::string("-"); };
+    std::snprintf(buf, sizeof buf, "  %11s %13s %15s %11s %15s\n", ratio(r1).c_str(), ratio(r2).c_str(),
+                  ratio(r3).c_str(), ratio(r4).c_str(), ratio(r5).c_str());
     os << buf;
     jr["mixed_over_floor"] = r1;
     jr["reverse_over_mixed"] = r2;
     jr["best_peer_over_mixed"] = r3;
+    jr["reverse_graph_over_mixed_graph"] = r4;
+    jr["best_peer_over_mixed_graph"] = r5;
     t.json.push_back(std::move(jr));
   }
   t.text = os.str();
@@ -490,6 +508,8 @@ int run(const Options& opt_in) {
   ctx.copy_gbps = bw.gbps;
   ctx.cache_bytes = cache;
   ctx.max_sets = o.max_sets;
+  ctx.graphs = o.graphs;
+  ctx.graph_max_dims = o.graph_max_dims;
   ctx.progress = log_line;
 
   std::vector<Measurement> ms;
@@ -574,12 +594,19 @@ int run(const Options& opt_in) {
     cfg.vocab = 64;
     cfg.device = device;
     e_variant = "H=" + std::to_string(cfg.hidden) + " B=" + std::to_string(cfg.batch) + " T=" + std::to_string(cfg.seq);
-    for (auto mode : {hmlstm::CellMode::mixed, hmlstm::CellMode::reverse}) {
+    std::vector<std::pair<hmlstm::CellMode, bool>> e_methods{{hmlstm::CellMode::mixed, false},
+                                                             {hmlstm::CellMode::reverse, false}};
+    if (o.graphs) {
+      e_methods.emplace_back(hmlstm::CellMode::mixed, true);
+      e_methods.emplace_back(hmlstm::CellMode::reverse, true);
+    }
+    for (const auto& [mode, captured] : e_methods) {
       cfg.mode = mode;
-      log_line(std::string("[e] training step ") + hmlstm::cell_mode_name(mode) + " " + e_variant + " (" + elapsed() + ")");
+      const std::string method = std::string(hmlstm::cell_mode_name(mode)) + (captured ? "_graph" : "");
+      log_line("[e] training step " + method + " " + e_variant + " (" + elapsed() + ")");
       hmlstm::StepTiming st;
       try {
-        st = hmlstm::time_training_step(cfg, std::max(1, o.warmup / 5), o.e_reps);
+        st = hmlstm::time_training_step(cfg, std::max(1, o.warmup / 5), o.e_reps, captured);
       } catch (const dualcast::Error& e) {
         const std::string what = e.what();
         if (what.find("validation failed") != std::string::npos)
@@ -590,8 +617,9 @@ int run(const Options& opt_in) {
       m.workload = "e";
       m.variant = e_variant;
       m.dims = cfg.hidden;
-      m.method = hmlstm::cell_mode_name(mode);
+      m.method = method;
       m.policy = mode == hmlstm::CellMode::mixed ? "automatic" : "";
+      if (captured) m.kernels_per_step = static_cast<int>(st.graph_nodes);
       m.times.reps = st.reps;
       m.times.wall_ms.median = st.wall_ms_median;
       m.times.wall_ms.p10 = st.wall_ms_p10;
@@ -605,8 +633,17 @@ int run(const Options& opt_in) {
       m.validated = true;
       m.max_rel_err = st.mode_rel_err;
       m.note = "step-0 loss " + fmt("%.6f", st.loss) + " nats; SGD lr 0.1";
+      if (captured) {
+        m.max_rel_err = std::max(st.mode_rel_err, st.capture_rel_err);
+        m.note += "; captured step (" + std::to_string(st.graph_nodes) + " graph nodes) vs eager: " +
+                  (st.capture_bitwise ? std::string("identical") : "max rel err " + fmt("%.1e", st.capture_rel_err));
+      }
       log_line("  e " + e_variant + " " + m.method + " median " + fmt("%.3f", m.median_ms()) + " ms/step (wall " +
-               fmt("%.3f", st.wall_ms_median) + "), validated (mixed vs reverse err " + fmt("%.1e", st.mode_rel_err) + ")");
+               fmt("%.3f", st.wall_ms_median) + "), validated (mixed vs reverse err " + fmt("%.1e", st.mode_rel_err) +
+               (captured ? std::string(st.capture_bitwise ? "; captured == eager bit for bit"
+                                                          : "; captured vs eager err " + fmt("%.1e", st.capture_rel_err))
+                         : std::string()) +
+               ")");
       add({m});
     }
     if (o.train_steps > 0) {
@@ -657,13 +694,32 @@ int run(const Options& opt_in) {
       };
       training["bpc_falls"] = falling(cc.mixed) && falling(cc.reverse);
       training_ok = cc.ok && falling(cc.mixed) && falling(cc.reverse);
+      hmlstm::TrainLog graph_log;
+      if (o.graphs) {
+        // The mixed-mode run again, its step recorded once and replayed: the same curve.
+        hmlstm::TrainConfig tg = tc;
+        tg.captured = true;
+        log_line("[e] character-LM training replayed from a capture (mixed), " + std::to_string(tc.steps) +
+                 " steps (" + elapsed() + ")");
+        cur_mode = "mixed_graph";
+        last_step = -1;
+        graph_log = hmlstm::train_charlm(tg, progress);
+        const hmlstm::CaptureCurveComparison gc = hmlstm::compare_capture_curves(cc.mixed, graph_log);
+        training["mixed_graph"] = log_json(graph_log);
+        training["capture_max_abs_diff_bpc"] = gc.max_abs_diff_bpc;
+        training["capture_bitwise"] = gc.bitwise;
+        training["capture_curves_equal"] = gc.ok;
+        training["capture_message"] = gc.message;
+        log_line("  " + gc.message);
+        training_ok = training_ok && gc.ok;
+      }
       // training.csv for plotting
       std::ofstream tcsv(o.out + "/training.csv");
       tcsv.precision(9);
       tcsv << "mode,step,train_bpc,valid_bpc,slope\n";
-      for (const auto* l : {&cc.mixed, &cc.reverse})
+      for (const hmlstm::TrainLog* l : {&cc.mixed, &cc.reverse, static_cast<const hmlstm::TrainLog*>(&graph_log)})
         for (std::size_t j = 0; j < l->step.size(); ++j)
-          tcsv << (l == &cc.mixed ? "mixed" : "reverse") << "," << l->step[j] << "," << l->train_bpc[j] << ","
+          tcsv << (l == &cc.mixed ? "mixed" : l == &cc.reverse ? "reverse" : "mixed_graph") << "," << l->step[j] << "," << l->train_bpc[j] << ","
                << (j < l->valid_bpc.size() ? l->valid_bpc[j] : NAN) << "," << (j < l->slope.size() ? l->slope[j] : NAN) << "\n";
     }
 #else
@@ -850,7 +906,8 @@ int run(const Options& opt_in) {
             << fmt("%.1f", bw.gbps) << " GB/s; time per forward+backward (a-d: " << (gpu ? "CUDA events" : "wall clock")
             << ", median of " << o.reps << "), per training step (e)\n";
   std::cout << "floor = bytes (recompute count) / copy bandwidth; mixed = Partials::recompute; "
-               "mixed_store = Partials::store; reverse = select form on Vars\n\n";
+               "mixed_store = Partials::store; reverse = select form on Vars; *_graph = the same step "
+               "recorded once (dualcast::Graph) and replayed\n\n";
   std::cout << table.text;
   if (has(o, "e") && training.find("mixed")) {
     const auto& tm = training.get("mixed");
@@ -865,6 +922,7 @@ int run(const Options& opt_in) {
               << first_last(tr, "train_bpc") << " (valid " << first_last(tr, "valid_bpc") << "); "
               << fmt("%.1f", tm.get("ms_per_step").number()) << " vs " << fmt("%.1f", tr.get("ms_per_step").number())
               << " ms/step; " << training.get("message").str() << "\n";
+    if (training.find("capture_message")) std::cout << training.get("capture_message").str() << "\n";
     if (!training_ok) std::cout << "WARNING: training curves disagree or bits/char did not fall (see results.json)\n";
   }
   if (!peers_note.empty()) std::cout << peers_note << "\n";

@@ -1,7 +1,7 @@
 // network.cu: the 3-layer HM-LSTM of experiments/peers/MODEL.md on dualcast (see network.hpp).
 //
 // Compiled by nvcc in CUDA builds (the two mixed-mode functors then run as fused GPU kernels) and as
-// plain C++ otherwise; CUDA-only code (event timing) is guarded by __CUDACC__.
+// plain C++ otherwise. Timing and the captured step live in captured.cu.
 #include "network.hpp"
 
 #include <algorithm>
@@ -18,6 +18,7 @@
 
 #include "dualcast/broadcast.hpp"
 #include "dualcast/error.hpp"
+#include "dualcast/graph.hpp"
 #include "dualcast/math.hpp"
 #include "dualcast/ops/elementwise.hpp"
 #include "dualcast/ops/linalg.hpp"
@@ -27,10 +28,8 @@
 #include "dualcast/random.hpp"
 
 #include "../common/json_lite.hpp"
+#include "gates.hpp"
 
-#if defined(__CUDACC__)
-#include <cuda_runtime_api.h>
-#endif
 
 namespace hmlstm {
 
@@ -47,7 +46,9 @@ std::pair<Var, Var> reverse_cell(const Tensor& zflag, const Tensor& zbflag, cons
   return HmCellSelect{}(zflag, zbflag, c, h, f, i, o, g);
 }
 
-Var reverse_boundary(const Var& sz, double a, bool soft) {
+namespace {
+template <class Slope>
+Var reverse_boundary_impl(const Var& sz, const Slope& a, bool soft) {
   const Var u = (sz * a + 1.0) * 0.5;
   const Tensor interior = logical_and(u > 0.0, u < 1.0);
   const Tensor at_top = u >= 1.0;
@@ -55,6 +56,12 @@ Var reverse_boundary(const Var& sz, double a, bool soft) {
   if (soft) return zt;
   const Tensor step = (zt.value() > 0.5).to(zt.dtype());
   return zt + (step - zt.value());  // value: step exactly; gradient: that of zt (STE)
+}
+}  // namespace
+
+Var reverse_boundary(const Var& sz, double a, bool soft) { return reverse_boundary_impl(sz, a, soft); }
+Var reverse_boundary(const Var& sz, const Tensor& a, bool soft) {
+  return reverse_boundary_impl(sz, Var(a), soft);
 }
 
 namespace {
@@ -70,27 +77,20 @@ std::uint64_t param_seed(std::uint64_t seed, int index) {
   return seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull * static_cast<std::uint64_t>(index + 1);
 }
 
-double max_abs(const std::vector<double>& v) {
-  double m = 0.0;
-  for (double x : v) m = std::max(m, std::fabs(x));
-  return m;
-}
+}  // namespace
 
-/// max|got - want| / max|want| (valdir.py's array_rel_err); inf for NaN or a shape mismatch.
 double array_rel_err(const Tensor& got, const Tensor& want) {
   if (got.shape() != want.shape()) return INFINITY;
   const std::vector<double> g = got.to_vector<double>(), w = want.to_vector<double>();
-  double num = 0.0;
+  double num = 0.0, den = 0.0;
   for (std::size_t j = 0; j < g.size(); ++j) {
     if (!std::isfinite(g[j])) return INFINITY;
     num = std::max(num, std::fabs(g[j] - w[j]));
+    den = std::max(den, std::fabs(w[j]));
   }
-  const double den = max_abs(w);
   if (den == 0.0) return num == 0.0 ? 0.0 : INFINITY;
   return num / den;
 }
-
-}  // namespace
 
 // =================================================================================================
 // HmlstmNetwork
@@ -128,6 +128,16 @@ HmlstmNetwork::HmlstmNetwork(const NetworkConfig& config) : config_(config) {
   }
   uni(kWout, {3 * H, V});
   params_[kBout] = Var::param(Tensor::zeros({V}, t, d));
+  slope_ = Tensor::full({1, 1}, static_cast<double>(config.slope), t, d);
+}
+
+void HmlstmNetwork::set_slope(float slope) {
+  if (slope == config_.slope) return;
+  detail::check_not_capturing(config_.device, "HmlstmNetwork::set_slope with a new value (the slope "
+                                              "is a device scalar the captured step reads; set it "
+                                              "between replays)");
+  slope_.fill_(static_cast<double>(slope));
+  config_.slope = slope;
 }
 
 std::vector<std::string> HmlstmNetwork::param_names() const {
@@ -201,7 +211,6 @@ Var HmlstmNetwork::loss(const Tensor& tokens_in) {
   last_zb_.clear();
   last_z_new_.clear();
 
-  const double a = config_.slope;
   // The 0/1 flag of a boundary: z itself in STE mode (exactly 0 or 1), step(z~) with soft_boundary.
   auto flag_of = [&](const Var& zv) -> Tensor {
     if (!config_.soft_boundary) return zv.value();
@@ -212,29 +221,42 @@ Var HmlstmNetwork::loss(const Tensor& tokens_in) {
   // [W; U; Td]. Row scaling by the 0/1 flags commutes with the product, so this is the same s (and the
   // same gradients) with one cuBLAS call instead of three and no adds: about a third fewer kernels
   // and tape nodes per layer and step, which is what bounds the step (it is host-bound).
+  const bool stacked = config_.stacked_weight_grad;
   std::array<Var, 3> wcat;
-  if (T > 1)
+  std::vector<LayerGates> layer_gates;  // stacked: created before the time loop (gates.hpp)
+  if (stacked) {
+    layer_gates.reserve(3);
+    for (int l = 0; l < 3; ++l)
+      layer_gates.emplace_back(stacked_gate_weights(P(kW[l]), P(kU[l]), l < 2 ? P(kTd[l]) : Var(), P(kB[l])),
+                               T, B, H, l < 2);
+  } else if (T > 1) {
     for (int l = 0; l < 3; ++l)
       wcat[l] = l < 2 ? concat({P(kW[l]), P(kU[l]), P(kTd[l])}, 0) : concat({P(kW[l]), P(kU[l])}, 0);
+  }
   for (std::int64_t t = 0; t < T; ++t) {
     std::array<Var, 3> nc, nh, nz;
     for (int l = 0; l < 3; ++l) {
       // s = zb * (h^{l-1}_t @ W) + h^l_{t-1} @ U + z^l_{t-1} * (h^{l+1}_{t-1} @ Td) + b.
-      // At t = 0 the state is zero, so the U and Td terms are exactly zero (and so are their
-      // contributions to the gradients): they are skipped.
       const Var& below = l == 0 ? embs[static_cast<std::size_t>(t)] : nh[l - 1];
-      Var s;
-      if (t == 0) {
-        s = matmul(below, P(kW[l]));
-        if (l > 0) s = nz[l - 1] * s;
+      std::vector<Var> gates;  // f, i, o, g, s_z
+      if (stacked) {
+        gates = layer_gates[static_cast<std::size_t>(l)].step(t, below, l > 0 ? nz[l - 1] : Var(), h[l],
+                                                              l < 2 ? z[l] : Var(), l < 2 ? h[l + 1] : Var());
       } else {
-        std::vector<Var> x{l > 0 ? nz[l - 1] * below : below, h[l]};
-        if (l < 2) x.push_back(z[l] * h[l + 1]);
-        s = matmul(concat(x, 1), wcat[l]);
+        // At t = 0 the state is zero, so the U and Td terms are exactly zero (and so are their
+        // contributions to the gradients): they are skipped.
+        Var s;
+        if (t == 0) {
+          s = matmul(below, P(kW[l]));
+          if (l > 0) s = nz[l - 1] * s;
+        } else {
+          std::vector<Var> x{l > 0 ? nz[l - 1] * below : below, h[l]};
+          if (l < 2) x.push_back(z[l] * h[l + 1]);
+          s = matmul(concat(x, 1), wcat[l]);
+        }
+        s = s + P(kB[l]);
+        gates = split(s, 1, gate_sizes);
       }
-      s = s + P(kB[l]);
-
-      const std::vector<Var> gates = split(s, 1, gate_sizes);  // f, i, o, g, s_z
       const Tensor zflag = flag_of(z[l]);
       const Tensor zbflag = l == 0 ? ones_b1 : flag_of(nz[l - 1]);
       if (config_.mode == CellMode::mixed) {
@@ -249,13 +271,13 @@ Var HmlstmNetwork::loss(const Tensor& tokens_in) {
           nc[l] = cn;
           nh[l] = hn;
         }
-        nz[l] = config_.soft_boundary ? broadcast(config_.partials, BoundarySoft{}, gates[4], a)
-                                      : broadcast(config_.partials, BoundarySte{}, gates[4], a);
+        nz[l] = config_.soft_boundary ? broadcast(config_.partials, BoundarySoft{}, gates[4], slope_)
+                                      : broadcast(config_.partials, BoundarySte{}, gates[4], slope_);
       } else {
         auto [cn, hn] = reverse_cell(zflag, zbflag, c[l], h[l], gates[0], gates[1], gates[2], gates[3]);
         nc[l] = cn;
         nh[l] = hn;
-        nz[l] = reverse_boundary(gates[4], a, config_.soft_boundary);
+        nz[l] = reverse_boundary(gates[4], slope_, config_.soft_boundary);
       }
       last_z_prev_.push_back(zflag);
       last_zb_.push_back(l == 0 ? Tensor() : zbflag);
@@ -365,88 +387,6 @@ ModeComparison compare_modes(const NetworkConfig& config, const Tensor& tokens, 
      << (r.ok ? ": ok" : ": FAILED");
   r.message = os.str();
   return r;
-}
-
-namespace {
-double percentile(std::vector<double> v, double q) {
-  if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
-  std::sort(v.begin(), v.end());
-  const double pos = q * static_cast<double>(v.size() - 1);
-  const std::size_t lo = static_cast<std::size_t>(std::floor(pos));
-  const std::size_t hi = std::min(lo + 1, v.size() - 1);
-  return v[lo] + (pos - static_cast<double>(lo)) * (v[hi] - v[lo]);
-}
-constexpr float kTimingLr = 0.1f;  // MODEL.md's timing default
-}  // namespace
-
-StepTiming time_training_step(const NetworkConfig& config, int warmup, int reps) {
-  DUALCAST_CHECK(warmup >= 0 && reps >= 1, "time_training_step: warmup >= 0 and reps >= 1 required");
-  std::vector<Tensor> batches;
-  for (int k = 0; k < 3; ++k)
-    batches.push_back(random_tokens(config.seq, config.batch, config.vocab, config.seed + 1000 + k)
-                          .to(config.device));
-
-  StepTiming timing;
-  {
-    const ModeComparison cmp = compare_modes(config, batches[0]);
-    DUALCAST_CHECK(cmp.ok, "time_training_step: validation failed: ", cmp.message);
-    timing.mode_rel_err = std::max(cmp.loss_rel_err, cmp.max_grad_rel_err);
-    timing.loss = config.mode == CellMode::mixed ? cmp.loss_mixed : cmp.loss_reverse;
-  }
-
-  HmlstmNetwork net(config);
-  auto step = [&](int k) {
-    Var l = net.loss(batches[static_cast<std::size_t>(k % 3)]);
-    l.backward();
-    net.sgd_step(kTimingLr);
-    return l;
-  };
-  for (int k = 0; k < warmup; ++k) step(k);
-  synchronize(config.device);
-
-  std::vector<double> wall, gpu;
-#if defined(__CUDACC__)
-  cudaEvent_t ev0 = nullptr, ev1 = nullptr;
-  std::unique_ptr<detail::DeviceGuard> guard;
-  if (config.device.is_cuda()) {
-    guard = std::make_unique<detail::DeviceGuard>(config.device);
-    DUALCAST_CUDA_CHECK(cudaEventCreate(&ev0));
-    DUALCAST_CUDA_CHECK(cudaEventCreate(&ev1));
-  }
-#endif
-  Var last;
-  for (int k = 0; k < reps; ++k) {
-    synchronize(config.device);
-    const auto t0 = std::chrono::steady_clock::now();
-#if defined(__CUDACC__)
-    if (config.device.is_cuda()) DUALCAST_CUDA_CHECK(cudaEventRecord(ev0, 0));
-#endif
-    last = step(warmup + k);
-#if defined(__CUDACC__)
-    if (config.device.is_cuda()) DUALCAST_CUDA_CHECK(cudaEventRecord(ev1, 0));
-#endif
-    synchronize(config.device);
-    const auto t1 = std::chrono::steady_clock::now();
-    wall.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-#if defined(__CUDACC__)
-    if (config.device.is_cuda()) {
-      float ms = 0.0f;
-      DUALCAST_CUDA_CHECK(cudaEventElapsedTime(&ms, ev0, ev1));
-      gpu.push_back(ms);
-    }
-#endif
-    last = Var();  // the graph was already freed by backward; drop the handle outside the timing
-  }
-#if defined(__CUDACC__)
-  if (ev0) cudaEventDestroy(ev0);
-  if (ev1) cudaEventDestroy(ev1);
-#endif
-  timing.reps = reps;
-  timing.wall_ms_median = percentile(wall, 0.5);
-  timing.wall_ms_p10 = percentile(wall, 0.1);
-  timing.wall_ms_p90 = percentile(wall, 0.9);
-  timing.gpu_ms_median = gpu.empty() ? std::numeric_limits<double>::quiet_NaN() : percentile(gpu, 0.5);
-  return timing;
 }
 
 // =================================================================================================

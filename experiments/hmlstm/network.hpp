@@ -40,6 +40,7 @@
 #include "dualcast/broadcast.hpp"
 #include "dualcast/device.hpp"
 #include "dualcast/dtype.hpp"
+#include "dualcast/graph.hpp"
 #include "dualcast/math.hpp"
 #include "dualcast/optim.hpp"
 #include "dualcast/tape.hpp"
@@ -97,6 +98,9 @@ std::pair<Var, Var> reverse_cell(const Tensor& zflag, const Tensor& zbflag, cons
                                  const Var& f, const Var& i, const Var& o, const Var& g);
 /// soft = false: the STE boundary (value step(z~), gradient that of z~); true: z~ itself.
 Var reverse_boundary(const Var& sz, double a, bool soft = false);
+/// The same with the slope a in a tensor broadcastable against sz (the network's device scalar, so a
+/// captured step reads the slope current at each replay).
+Var reverse_boundary(const Var& sz, const Tensor& a, bool soft = false);
 
 /// How the per-layer elementwise step is differentiated (see the file comment).
 enum class CellMode { mixed, reverse };
@@ -123,6 +127,11 @@ struct NetworkConfig {
   /// makes the loss differentiable (away from flag flips and the clamp's kinks), so finite
   /// differences can check every backward path, including the multiplier gradients.
   bool soft_boundary = false;
+  /// The gate products of each layer through LayerGates (gates.hpp): one fused gate-input kernel per
+  /// step and the weight gradient of all T steps as one product after the time loop (default).
+  /// false: one matmul node per step and the flag products, concatenation, bias add and split as
+  /// separate ops (the earlier form; kept to check that both give the same values and gradients).
+  bool stacked_weight_grad = true;
 };
 
 /// Boundary statistics of the last loss() call, summed over time steps and batch rows, per layer
@@ -161,8 +170,10 @@ class HmlstmNetwork {
   void load_params_from(const HmlstmNetwork& other);
 
   [[nodiscard]] const NetworkConfig& config() const { return config_; }
-  /// Changes the boundary slope a used by later loss() calls (slope annealing).
-  void set_slope(float slope) { config_.slope = slope; }
+  /// Changes the boundary slope a used by later loss() calls (slope annealing). The slope is a device
+  /// scalar that the boundary kernels read: a new value takes effect at the next replay of a captured
+  /// step too. A new value while a Graph captures on the network's device is a dualcast::Error.
+  void set_slope(float slope);
   /// Switches the cell implementation used by later loss() calls.
   void set_mode(CellMode mode) { config_.mode = mode; }
 
@@ -178,6 +189,7 @@ class HmlstmNetwork {
  private:
   NetworkConfig config_;
   std::vector<Var> params_;
+  Tensor slope_;  // [1, 1]: config_.slope on the device, in the network's dtype
   std::unique_ptr<dualcast::optim::SGD> sgd_;
   // The flags of the last loss(): z^l_{t-1} and zb_l (undefined for layer 1) per (t, l).
   std::vector<Tensor> last_z_prev_, last_zb_, last_z_new_;
@@ -201,21 +213,68 @@ struct ModeComparison {
 /// --rtol-model), 1e-10 for float64.
 ModeComparison compare_modes(const NetworkConfig& config, const Tensor& tokens, double tolerance = 0.0);
 
+/// max|got - want| / max|want| (valdir.py's array_rel_err); inf for NaN or a shape mismatch.
+double array_rel_err(const Tensor& got, const Tensor& want);
+
+// ---- the training step recorded once and replayed (captured.cu) ---------------------------------
+
+/// One plain-SGD training step of `net` (forward over T steps, BPTT, update with learning rate lr)
+/// recorded in a dualcast::Graph: run(tokens) copies the tokens [T+1, B] into the step's static input
+/// (on the network's device) and replays. Each replay starts with zero_grad, so after it the
+/// parameters' gradients are those of that step, and loss() its loss (a 0-d device tensor). The
+/// network must outlive this object; its SGD optimizer is this object's own.
+class CapturedStep {
+ public:
+  CapturedStep(HmlstmNetwork& net, std::int64_t seq, std::int64_t batch, float lr);
+  void run(const Tensor& tokens);
+  [[nodiscard]] const Tensor& loss() const { return loss_; }
+  [[nodiscard]] dualcast::Graph& graph() { return graph_; }
+
+ private:
+  HmlstmNetwork& net_;
+  std::unique_ptr<dualcast::optim::SGD> opt_;
+  Tensor tokens_, loss_;
+  dualcast::Graph graph_;
+};
+
+/// The captured step against the same step run eagerly, from the same parameters and tokens: loss,
+/// every gradient, and every parameter after the update.
+struct CaptureComparison {
+  double loss_eager = 0.0, loss_graph = 0.0;
+  double max_rel_err = 0.0;  ///< over the loss, the 14 gradients and the 14 updated parameters
+  std::string worst;         ///< where the largest error is
+  bool bitwise = false;      ///< every compared value identical
+  double tolerance = 0.0;
+  std::size_t graph_nodes = 0;
+  bool ok = false;
+  std::string message;
+};
+/// tolerance <= 0 picks the default: 1e-6 for float32, 1e-12 for float64 (the same kernels run in the
+/// same order, so the results are expected to be identical).
+CaptureComparison compare_capture(const NetworkConfig& config, const Tensor& tokens, float lr = 0.1f,
+                                  double tolerance = 0.0);
+
 struct StepTiming {
   double wall_ms_median = 0.0, wall_ms_p10 = 0.0, wall_ms_p90 = 0.0;
   double gpu_ms_median = 0.0;  ///< CUDA-event time of the step; NaN on the CPU (not measured)
   int reps = 0;
   double loss = 0.0;  ///< the step-0 loss (nats) at the initial parameters, on the first token batch
   double mode_rel_err = 0.0;  ///< max(loss, gradient) error of the mixed-vs-reverse validation
+  bool captured = false;
+  double capture_rel_err = 0.0;  ///< captured: compare_capture's error (captured vs eager)
+  bool capture_bitwise = false;  ///< captured: whether compare_capture found identical values
+  std::size_t graph_nodes = 0;   ///< captured: nodes of the recorded graph
 };
 
 /// Times one training step (forward over T steps, backward through time, SGD with lr = 0.1) of the
 /// network `config` describes, in config.mode. Validates first: compare_modes on the first token
-/// batch must pass (dualcast::Error otherwise, with its message). Then `warmup` untimed steps and
-/// `reps` timed ones, rotating 3 token batches. Each timed step starts from an idle device; wall time
-/// (std::chrono) runs from before the forward to after a device synchronisation; on CUDA, events
-/// recorded around the step give gpu_ms. The loss is read after the timed region.
-StepTiming time_training_step(const NetworkConfig& config, int warmup, int reps);
+/// batch must pass (dualcast::Error otherwise, with its message), and with `captured` also
+/// compare_capture. Then `warmup` untimed steps and `reps` timed ones, rotating 3 token batches.
+/// captured = true times CapturedStep::run (a device-to-device copy of the tokens and one replay)
+/// instead of the eager step. Each timed step starts from an idle device; wall time (std::chrono)
+/// runs from before the forward to after a device synchronisation; on CUDA, events recorded around
+/// the step give gpu_ms. The loss is read after the timed region.
+StepTiming time_training_step(const NetworkConfig& config, int warmup, int reps, bool captured = false);
 
 /// Writes workload e's validation data into `dir` (created if needed): e_tokens (int32 [T+1, B],
 /// random_tokens(seq, batch, vocab, seed + 1000 + k)), the 14 parameters e_<name> (float32), scalars

@@ -21,6 +21,8 @@ STYLE = {
     "mixed": dict(color="C0", marker="o", label="dualcast mixed (recompute)"),
     "mixed_store": dict(color="C0", marker="s", ls="--", label="dualcast mixed (store)"),
     "reverse": dict(color="C3", marker="^", label="dualcast reverse (select form)"),
+    "mixed_graph": dict(color="C0", marker="o", ls=":", label="dualcast mixed, captured (Graph replay)"),
+    "reverse_graph": dict(color="C3", marker="^", ls=":", label="dualcast reverse, captured (Graph replay)"),
     "eager": dict(color="C1", marker="v", label="PyTorch eager"),
     "compile": dict(color="C2", marker="D", label="torch.compile"),
     "jax": dict(color="C4", marker="P", label="JAX jit(vjp)"),

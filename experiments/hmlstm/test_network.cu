@@ -13,6 +13,8 @@
 //      and bout, which no boundary depends on.
 //  (c) corpus loading errors raise dualcast::Error.
 //  (d) training steps reduce the loss.
+//  (e) the stacked gate products equal the per-step ones; the training step captured in a Graph and
+//      replayed equals the eager step (bit for bit), also over a short character-LM run.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -29,6 +31,8 @@
 #include "charlm.hpp"
 #include "dualcast/error.hpp"
 #include "dualcast/gradcheck.hpp"
+#include "dualcast/graph.hpp"
+#include "dualcast/memory.hpp"
 #include "dualcast/ops/elementwise.hpp"
 #include "dualcast/ops/reduce.hpp"
 #include "network.hpp"
@@ -488,6 +492,167 @@ TEST(Network, BadTokensAndConfigsAreErrors) {
   EXPECT_THROW((void)net.loss(Tensor::full({1, 2}, 1.0)), dualcast::Error);
   EXPECT_THROW((void)net.param("nope"), dualcast::Error);
   EXPECT_THROW((void)parse_cell_mode("forward"), dualcast::Error);
+}
+
+// ---- (e) stacked weight gradients and whole-step capture ------------------------------------------
+
+// The gate products through LayerGates (one fused gate-input kernel per step, the bias as a row of the
+// product, the weight gradient of all T steps as one product) against the per-step form: the same
+// loss and gradients, in both modes (float64: to rounding; float32: to float tolerance).
+TEST_P(NetworkTest, StackedGatesEqualThePerStepProducts) {
+  const Device d = GetParam();
+  DUALCAST_SKIP_IF_UNAVAILABLE(d);
+  for (DType dt : {DType::float64, DType::float32})
+    for (CellMode mode : {CellMode::mixed, CellMode::reverse}) {
+      NetworkConfig a = tiny(d, dt, mode);
+      a.hidden = 16;
+      a.batch = 6;
+      a.seq = 9;
+      NetworkConfig b = a;
+      a.stacked_weight_grad = true;
+      b.stacked_weight_grad = false;
+      const Tensor tokens = random_tokens(a.seq, a.batch, a.vocab, 31);
+      HmlstmNetwork na(a), nb(b);
+      for (const char* bias : {"b1", "b2", "b3"}) {  // non-zero biases: the bias row is exercised
+        Tensor v = na.param(bias).value();
+        v.copy_(Tensor::uniform(v.shape(), d, 82, -0.5, 0.5, dt));
+      }
+      nb.load_params_from(na);
+      Var la = na.loss(tokens), lb = nb.loss(tokens);
+      la.backward();
+      lb.backward();
+      const double tol = dt == DType::float64 ? 1e-11 : 2e-5;
+      const std::string what = std::string(cell_mode_name(mode)) + " " + dtype_name(dt);
+      EXPECT_NEAR(la.item(), lb.item(), tol * std::fabs(lb.item())) << what;
+      EXPECT_EQ(na.boundary_flags(), nb.boundary_flags()) << what;
+      const auto names = na.param_names();
+      for (std::size_t k = 0; k < names.size(); ++k) {
+        ASSERT_TRUE(na.params()[k].has_grad()) << names[k];
+        EXPECT_LE(rel_err(na.params()[k].grad(), nb.params()[k].grad()), tol) << what << " " << names[k];
+      }
+    }
+}
+
+// One SGD step recorded in a Graph and replayed equals the eager step: loss, every gradient and every
+// updated parameter (the same kernels in the same order: identical).
+TEST_P(NetworkTest, CapturedTrainingStepEqualsTheEagerStep) {
+  const Device d = GetParam();
+  DUALCAST_SKIP_IF_UNAVAILABLE(d);
+  for (CellMode mode : {CellMode::mixed, CellMode::reverse}) {
+    NetworkConfig cfg = tiny(d, DType::float32, mode);
+    cfg.hidden = 24;
+    cfg.batch = 8;
+    cfg.seq = 12;
+    const CaptureComparison cc = compare_capture(cfg, random_tokens(cfg.seq, cfg.batch, cfg.vocab, 41));
+    EXPECT_TRUE(cc.ok) << cc.message;  // <= 1e-6
+    if (d.is_cpu()) EXPECT_TRUE(cc.bitwise) << cc.message;
+    std::printf("[ capture ] %s\n", cc.message.c_str());
+    if (d.is_cuda()) EXPECT_GT(cc.graph_nodes, 100u) << cc.message;
+  }
+}
+
+// Replays of the captured step: several steps feeding new tokens equal the eager steps, the slope
+// set between replays takes effect, and replays allocate nothing.
+TEST_P(NetworkTest, ReplayedStepsFollowTheEagerRunAndAllocateNothing) {
+  const Device d = GetParam();
+  DUALCAST_SKIP_IF_UNAVAILABLE(d);
+  NetworkConfig cfg = tiny(d, DType::float32, CellMode::mixed);
+  cfg.hidden = 16;
+  cfg.batch = 4;
+  cfg.seq = 8;
+  HmlstmNetwork eager(cfg), graphed(cfg);
+  CapturedStep step(graphed, cfg.seq, cfg.batch, 0.5f);
+  std::vector<double> le, lg;
+  MemoryStats after_first;
+  for (int k = 0; k < 6; ++k) {
+    const Tensor tokens = random_tokens(cfg.seq, cfg.batch, cfg.vocab, 50 + k).to(d);
+    const float slope = 1.0f + 0.5f * static_cast<float>(k);
+    eager.set_slope(slope);
+    graphed.set_slope(slope);
+    Var l = eager.loss(tokens);
+    l.backward();
+    eager.sgd_step(0.5f);
+    le.push_back(l.item());
+    step.run(tokens);
+    lg.push_back(step.loss().item());
+    if (k == 0) after_first = memory_stats(d);
+  }
+  for (std::size_t k = 0; k < le.size(); ++k) EXPECT_NEAR(lg[k], le[k], 1e-6 * std::fabs(le[k])) << "step " << k;
+  for (std::size_t k = 0; k < eager.params().size(); ++k)
+    EXPECT_LE(rel_err(graphed.params()[k].value(), eager.params()[k].value()), 1e-5) << eager.param_names()[k];
+  if (d.is_cpu()) EXPECT_EQ(lg, le);
+  if (d.is_cuda()) {
+    EXPECT_EQ(memory_stats(d).device_malloc_calls, after_first.device_malloc_calls);
+    EXPECT_GT(memory_stats(d).graph_pool_bytes, 0);
+  }
+}
+
+TEST(NetworkCuda, SetSlopeDuringCaptureIsAnError) {
+  DUALCAST_REQUIRE_CUDA();
+  NetworkConfig cfg = tiny(Device::cuda(0), DType::float32);
+  HmlstmNetwork net(cfg);
+  Graph g;
+  try {
+    g.capture(cfg.device, [&] { net.set_slope(2.0f); });
+    ADD_FAILURE() << "no error";
+  } catch (const dualcast::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("set_slope"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(g.captured());
+  EXPECT_EQ(net.config().slope, cfg.slope);
+}
+
+// A short character-LM run replayed from one capture gives the eager run's bits/char curve exactly.
+TEST_P(NetworkTest, CapturedCharlmRunHasTheEagerCurve) {
+  const Device d = GetParam();
+  DUALCAST_SKIP_IF_UNAVAILABLE(d);
+  if (!std::filesystem::is_directory("/usr/share/common-licenses"))
+    GTEST_SKIP() << "/usr/share/common-licenses not present";
+  TrainConfig tc;
+  tc.net = tiny(d, DType::float32);
+  tc.net.hidden = 16;
+  tc.net.batch = 4;
+  tc.net.seq = 12;
+  tc.steps = 8;
+  tc.log_every = 4;
+  tc.valid_batches = 1;
+  const CaptureCurveComparison cc = compare_charlm_capture(tc);
+  EXPECT_TRUE(cc.ok) << cc.message;  // <= 1e-6 bits/char
+  if (d.is_cpu()) EXPECT_TRUE(cc.bitwise) << cc.message;
+  std::printf("[ charlm capture ] %s\n", cc.message.c_str());
+  EXPECT_EQ(cc.graph.step, (std::vector<int>{0, 4, 8}));
+  EXPECT_GT(cc.graph.slope.back(), cc.graph.slope.front());
+}
+
+TEST_P(NetworkTest, CapturedTimingRunsAndValidatesFirst) {
+  const Device d = GetParam();
+  DUALCAST_SKIP_IF_UNAVAILABLE(d);
+  NetworkConfig cfg = tiny(d, DType::float32);
+  cfg.hidden = 16;
+  cfg.batch = 4;
+  cfg.seq = 6;
+  const StepTiming t = time_training_step(cfg, 1, 3, /*captured=*/true);
+  EXPECT_TRUE(t.captured);
+  EXPECT_EQ(t.reps, 3);
+  EXPECT_GT(t.wall_ms_median, 0.0);
+  EXPECT_LE(t.capture_rel_err, 1e-6);
+  if (d.is_cuda()) EXPECT_GT(t.graph_nodes, 0u);
+}
+
+// Not run by default: the timed configuration (H=512, B=64, T=100) captured, both modes, on the first
+// CUDA device. --gtest_also_run_disabled_tests --gtest_filter='*FullSizeCaptured*'.
+TEST(Network, DISABLED_FullSizeCapturedTrainingStepTiming) {
+  DUALCAST_REQUIRE_CUDA();
+  NetworkConfig cfg;
+  cfg.device = Device::cuda(0);
+  for (CellMode mode : {CellMode::mixed, CellMode::reverse})
+    for (bool captured : {false, true}) {
+      cfg.mode = mode;
+      const StepTiming t = time_training_step(cfg, 3, 10, captured);
+      std::printf("[full size] %s%s: gpu %.3f ms, wall %.3f ms, %zu graph nodes, capture err %.2e%s\n",
+                  cell_mode_name(mode), captured ? "_graph" : "", t.gpu_ms_median, t.wall_ms_median,
+                  t.graph_nodes, t.capture_rel_err, t.capture_bitwise ? " (bitwise)" : "");
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, NetworkTest, ::testing::ValuesIn(dualcast::testing::all_devices()),

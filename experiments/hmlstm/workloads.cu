@@ -1,7 +1,9 @@
 // workloads.cu: the driver's runners for workloads a-d. Each configuration is validated (every
 // method's outputs and gradients against the pure reverse-mode select form, and a float64 host
 // reference on a row slice) before anything is timed; then each method is timed over rotating input
-// sets with the gradients reset between steps, so every backward writes fresh buffers.
+// sets with the gradients reset between steps, so every backward writes fresh buffers. Workloads a
+// and b also time the step recorded in a Graph per input set and replayed (mixed_graph,
+// reverse_graph; dims up to RunContext::graph_max_dims), validated first like the eager methods.
 #include "workloads.hpp"
 
 #include <algorithm>
@@ -12,6 +14,7 @@
 
 #include "dualcast/dual.hpp"
 #include "dualcast/error.hpp"
+#include "dualcast/graph.hpp"
 
 namespace hmexp {
 
@@ -60,21 +63,49 @@ void poison_cache(Device device, const dualcast::Shape& shape, int count) {
   blocks.clear();
 }
 
-template <class Step>
-Result run_once(CellSet& s, const Step& step, int poison) {
-  s.zero_grad();
-  poison_cache(s.x[0].device(), s.x[0].shape(), poison);
-  auto out = step(s);
+/// The outputs (a Var or an array of Vars) and the gradients of a set, copied to the host.
+template <class Out>
+Result collect(const Out& out, const CellSet& s) {
   Result r;
-  if constexpr (std::is_same_v<std::remove_cvref_t<decltype(out)>, Var>) {
+  if constexpr (std::is_same_v<std::remove_cvref_t<Out>, Var>) {
     r.out.push_back(out.value().template to_vector<float>());
   } else {
     for (auto& o : out) r.out.push_back(o.value().template to_vector<float>());
   }
   for (auto& v : s.x) r.grad.push_back(v.grad().template to_vector<float>());
+  return r;
+}
+
+template <class Step>
+Result run_once(CellSet& s, const Step& step, int poison) {
+  s.zero_grad();
+  poison_cache(s.x[0].device(), s.x[0].shape(), poison);
+  auto out = step(s);
+  Result r = collect(out, s);
   s.zero_grad();
   return r;
 }
+
+/// One step per input set recorded in a Graph (zero_grad, forward, backward): replaying graph j
+/// recomputes set j's outputs and gradients in place.
+template <class Step>
+struct CapturedSets {
+  using Out = std::remove_cvref_t<decltype(std::declval<const Step&>()(std::declval<CellSet&>()))>;
+  std::vector<dualcast::Graph> graphs;
+  std::vector<Out> outs;
+  CapturedSets(std::vector<CellSet>& sets, const Step& step, int poison) : graphs(sets.size()), outs(sets.size()) {
+    for (auto& s : sets) s.zero_grad();
+    poison_cache(sets[0].x[0].device(), sets[0].x[0].shape(), poison);
+    for (std::size_t j = 0; j < sets.size(); ++j) {
+      CellSet& s = sets[j];
+      Out& o = outs[j];
+      graphs[j].capture(s.x[0].device(), [&s, &o, &step] {
+        s.zero_grad();
+        o = step(s);
+      });
+    }
+  }
+};
 
 /// Worst error of `got` against `want` over outputs and gradients; names the worst array.
 double compare(const Result& got, const Result& want, std::string& worst) {
@@ -174,6 +205,26 @@ dcexp::StepTimes time_on_device(const RunContext& ctx, Prepare&& prepare, Step&&
 }
 
 /// Warm-up, allocator check, timing of one method over rotating sets.
+/// Times replays of the captured sets (graph j replays set j), as time_method does eager steps.
+template <class Captured>
+void time_captured(const RunContext& ctx, Captured& cap, Measurement& m) {
+  const auto n = static_cast<int>(cap.graphs.size());
+  auto prepare = [](int) {};
+  auto body = [&](int r) { cap.graphs[static_cast<std::size_t>(r % n)].replay(); };
+  const int warm = std::max(ctx.warmup, n);
+  for (int r = 0; r < warm; ++r) body(r);
+  dualcast::synchronize(ctx.device);
+  m.kernels_per_step = static_cast<int>(cap.graphs[0].num_nodes());  // graph nodes per step
+  const auto before = dualcast::memory_stats(ctx.device).device_malloc_calls;
+  m.times = time_on_device(ctx, prepare, body);
+  m.times.warmup = warm;
+  m.mallocs_during_timing = dualcast::memory_stats(ctx.device).device_malloc_calls - before;
+  m.input_sets = n;
+  if (m.mallocs_during_timing != 0 && ctx.device.is_cuda())
+    m.note += (m.note.empty() ? "" : "; ") + std::to_string(m.mallocs_during_timing) +
+              " device allocations during timing";
+}
+
 template <class Step>
 void time_method(const RunContext& ctx, std::vector<CellSet>& sets, const Step& step, Measurement& m) {
   const auto nsets = static_cast<int>(sets.size());
@@ -246,7 +297,7 @@ std::vector<Measurement> run_cell_workload(const RunContext& ctx, const std::str
                                            const std::string& variant, std::int64_t dims,
                                            std::vector<CellSet>& sets, FlagLayout layout,
                                            const MixedStep& mixed, const ReverseStep& reverse,
-                                           const RefEval& ref_eval, int poison) {
+                                           const RefEval& ref_eval, int poison, bool graphs = false) {
   const std::string label = w + (variant.empty() ? "" : " " + variant) + " dims=" + std::to_string(dims);
   // ---- validation on set 0 ----
   const Result rev = run_once(sets[0], reverse, poison);
@@ -287,6 +338,27 @@ std::vector<Measurement> run_cell_workload(const RunContext& ctx, const std::str
   time_method(ctx, sets, reverse, m);
   progress(ctx, m);
   out.push_back(std::move(m));
+  if (graphs && dims <= ctx.graph_max_dims) {
+    // The same forward + backward recorded once per input set and replayed: what the step costs
+    // without the host's launches. Validated (replay of set 0) against the eager reverse mode.
+    auto recompute = [&](CellSet& s) { return mixed(s, Partials::recompute); };
+    auto time_graph = [&](const char* name, auto& step_fn, Partials p) {
+      CapturedSets cap(sets, step_fn, poison);
+      cap.graphs[0].replay();
+      const Result got = collect(cap.outs[0], sets[0]);
+      const double e = compare(got, rev, worst);
+      if (!(e <= ctx.rtol)) fail_validation(label + ": " + name + " (replayed) vs eager reverse mode", e, ctx.rtol, worst);
+      Measurement g = base(w, variant, dims, name, p, K, M, ctx);
+      g.validated = true;
+      g.max_rel_err = e;
+      time_captured(ctx, cap, g);
+      progress(ctx, g);
+      out.push_back(std::move(g));
+      for (auto& s : sets) s.zero_grad();
+    };
+    time_graph("mixed_graph", recompute, Partials::recompute);
+    time_graph("reverse_graph", reverse, Partials::recompute);
+  }
   return out;
 }
 
@@ -387,14 +459,16 @@ std::vector<Measurement> run_a(const RunContext& ctx, std::int64_t dims) {
   std::vector<CellSet> sets = cell_sets(ctx, "a", dims, 4, 1, FlagLayout::rows, 100);
   return run_cell_workload<4, 1>(ctx, "a", "", dims, sets, FlagLayout::rows,
                                  [](const CellSet& s, Partials p) { return step_a_mixed(s, p); },
-                                 [](const CellSet& s) { return step_a_reverse(s); }, RefA{}, 24);
+                                 [](const CellSet& s) { return step_a_reverse(s); }, RefA{}, 24,
+                                 ctx.graphs);
 }
 
 std::vector<Measurement> run_b(const RunContext& ctx, std::int64_t dims) {
   std::vector<CellSet> sets = cell_sets(ctx, "b", dims, 6, 2, FlagLayout::rows, 200);
   return run_cell_workload<6, 2>(ctx, "b", "", dims, sets, FlagLayout::rows,
                                  [](const CellSet& s, Partials p) { return step_b_mixed(s, p); },
-                                 [](const CellSet& s) { return step_b_reverse(s); }, RefB{}, 36);
+                                 [](const CellSet& s) { return step_b_reverse(s); }, RefB{}, 36,
+                                 ctx.graphs);
 }
 
 std::vector<Measurement> run_c(const RunContext& ctx, std::int64_t dims, int K) {

@@ -250,6 +250,8 @@ struct RunContext {
   std::size_t cache_bytes = 0;  ///< L2 (GPU) or last-level cache (CPU): decides input rotation
   int max_sets = 16;
   double rtol = 1e-4;         ///< mixed vs reverse (and vs the float64 host reference)
+  bool graphs = true;         ///< a, b: also time the captured step (mixed_graph, reverse_graph)
+  std::int64_t graph_max_dims = 1024;  ///< ... at dims up to this
   std::function<void(const std::string&)> progress;  ///< one line per measurement (stderr)
 };
 
@@ -258,14 +260,14 @@ struct Measurement {
   std::string workload;  ///< a, b, c, d, e
   std::string variant;   ///< "", "K=3", "uniform"/"divergent", ...
   std::int64_t dims = 0;
-  std::string method;  ///< mixed, mixed_store, reverse (peers: eager, compile, jax, ...)
+  std::string method;  ///< mixed, mixed_store, reverse, mixed_graph, reverse_graph (peers: eager, jax, ...)
   std::string policy;  ///< recompute / store / "" (reverse)
   double bytes = 0;    ///< bytes this method must move (its own count; 0: not counted)
   double floor_bytes = 0;  ///< the configuration's floor count (recompute mixed mode)
   double floor_ms = 0;
   dcexp::StepTimes times;
   int input_sets = 1;
-  int kernels_per_step = 0;  ///< tape nodes run per step (one kernel each way for mixed)
+  int kernels_per_step = 0;  ///< tape nodes run per step (one kernel each way for mixed); graph nodes for *_graph
   bool validated = false;
   double max_rel_err = 0;
   std::int64_t mallocs_during_timing = 0;
@@ -274,7 +276,9 @@ struct Measurement {
 };
 
 /// Workload a (cell update, K = 4) at dims x dims with row flags: mixed recompute, mixed store,
-/// reverse. Validates before timing; throws ExperimentError on a mismatch.
+/// reverse, and (ctx.graphs, dims <= ctx.graph_max_dims) mixed_graph and reverse_graph: the
+/// recompute and reverse steps recorded in a Graph per input set and replayed. Validates before
+/// timing; throws ExperimentError on a mismatch.
 std::vector<Measurement> run_a(const RunContext& ctx, std::int64_t dims);
 /// Workload b (full cell, K = 6, two outputs).
 std::vector<Measurement> run_b(const RunContext& ctx, std::int64_t dims);

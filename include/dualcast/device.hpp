@@ -32,7 +32,8 @@ struct Device {
 bool cuda_available();
 /// Number of usable CUDA devices (0 in a CPU-only build or on a machine without a GPU).
 int cuda_device_count();
-/// Blocks the host until all work queued on `device` has finished (no-op on the CPU).
+/// Blocks the host until all work queued on `device` has finished (no-op on the CPU). A dualcast::Error
+/// while a Graph is capturing on `device` (graph.hpp).
 void synchronize(Device device);
 /// Multiprocessor count of a CUDA device (cached); used to size grid-stride launches.
 int multiprocessor_count(Device device);

@@ -8,6 +8,7 @@
 #include "dualcast/shape.hpp"
 #include "dualcast/stream.hpp"
 #include "dualcast/memory.hpp"
+#include "dualcast/graph.hpp"
 #include "dualcast/random.hpp"
 #include "dualcast/parallel.hpp"
 #include "dualcast/indexing.hpp"

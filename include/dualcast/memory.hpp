@@ -17,11 +17,15 @@ struct MemoryStats {
   std::int64_t bytes_held = 0;           ///< bytes obtained from the device and not yet released
   std::int64_t bytes_in_use = 0;         ///< bytes handed out to live buffers
   std::int64_t peak_bytes_in_use = 0;
+  /// Of bytes_held, the bytes that belong to the memory pools of CUDA graphs (graph.hpp): reserved
+  /// for their replays, never handed to other allocations, returned to the cache with the graph.
+  std::int64_t graph_pool_bytes = 0;
 };
 
 /// Statistics of the allocator serving `device`.
 MemoryStats memory_stats(Device device);
-/// Returns every cached, unused block of `device` to the driver (cudaFree); live buffers stay.
+/// Returns every cached, unused block of `device` to the driver (cudaFree); live buffers and the
+/// blocks of graph pools stay. A dualcast::Error while a graph is being captured on `device`.
 void empty_cache(Device device);
 /// Starts a new peak: peak_bytes_in_use of `device` becomes its current bytes_in_use (so a long
 /// run's peak is its own, not that of whatever ran before it in the process).
@@ -52,7 +56,9 @@ class Buffer {
 };
 
 /// Copies `bytes` between any two devices (host<->device, device<->device, host<->host). A copy to
-/// the host waits for the device; other copies are stream-ordered.
+/// the host waits for the device; other copies are stream-ordered. While a graph is being captured
+/// on a device, a copy between it and the host or another device is a dualcast::Error (only copies
+/// within the device can be recorded).
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes);
 
 }  // namespace dualcast

@@ -14,6 +14,15 @@
 //
 // The update rules follow PyTorch's torch.optim (SGD without dampening or Nesterov; Adam with L2
 // weight decay added to the gradient), so results can be compared with it.
+//
+// Capture-safe (graph.hpp): everything that changes from step to step lives on the parameters'
+// devices, as in PyTorch's capturable Adam. The learning rate is a float64 device scalar per device
+// that the update kernels read (set_lr writes it, between replays of a captured step); Adam's step
+// count t and its bias corrections (lr / (1 - beta1^t) and 1 / sqrt(1 - beta2^t)) are float64 device
+// scalars per parameter, advanced and recomputed by a small kernel at the start of each step() (one
+// per device when every parameter has a gradient). Eager results are those of the same formulas
+// computed on the host before, in double precision. Construct optimizers before capturing a step
+// that uses them (their constructor initialises device state, which a capture would only record).
 #pragma once
 
 #include <cstdint>
@@ -37,10 +46,14 @@ class Optimizer {
   void zero_grad();
 
   [[nodiscard]] double lr() const { return lr_; }
-  /// Changes the learning rate (schedules); NaN, infinite or non-positive is a dualcast::Error.
+  /// Changes the learning rate (schedules); NaN, infinite or non-positive is a dualcast::Error. Writes
+  /// the device scalar the updates read, so it takes effect at the next step() or the next replay of
+  /// a captured step. Setting a different value while a Graph captures on a parameter's device is an
+  /// Error (the write would be recorded into the step); the same value is a no-op.
   void set_lr(double lr);
   [[nodiscard]] const std::vector<Var>& params() const { return params_; }
-  /// Number of step() calls so far.
+  /// Number of step() calls made from the host so far (a step captured in a Graph counts once, at
+  /// capture, however often it is replayed).
   [[nodiscard]] std::int64_t steps() const { return steps_; }
 
  protected:
@@ -50,11 +63,22 @@ class Optimizer {
   /// The gradient of parameter i when it has one that matches it (undefined tensor otherwise:
   /// skip it). A gradient of another shape, dtype or device is an Error.
   [[nodiscard]] Tensor grad_of(std::size_t i) const;
+  /// The learning-rate scalar (float64, one element) on parameter i's device.
+  [[nodiscard]] const double* lr_on_device(std::size_t i) const;
 
+  /// The parameters that live on one device, and the state they share there.
+  struct DeviceGroup {
+    Device device;
+    Tensor lr;                         ///< float64 [1]: the learning rate the kernels read
+    std::vector<std::size_t> members;  ///< parameter indices, in order
+  };
   std::vector<Var> params_;
   double lr_;
   std::int64_t steps_ = 0;
   const char* who_;
+  std::vector<DeviceGroup> groups_;
+  std::vector<std::size_t> group_of_;  ///< parameter i -> its index in groups_
+  std::vector<std::size_t> slot_of_;   ///< parameter i -> its position in its group's members
 };
 
 /// Stochastic gradient descent: g = grad + weight_decay * p; with momentum, buf = momentum * buf + g
@@ -77,7 +101,7 @@ class SGD final : public Optimizer {
 
 /// Adam (Kingma and Ba, 2015): g = grad + weight_decay * p; m = b1 m + (1-b1) g;
 /// v = b2 v + (1-b2) g^2; p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps), t counted per
-/// parameter.
+/// parameter on the device (capturable: see the file comment).
 class Adam final : public Optimizer {
  public:
   Adam(std::vector<Var> params, double lr = 1e-3, double beta1 = 0.9, double beta2 = 0.999,
@@ -89,13 +113,15 @@ class Adam final : public Optimizer {
   [[nodiscard]] double eps() const { return eps_; }
   [[nodiscard]] const Tensor& first_moment(std::size_t i) const { return m_.at(i); }
   [[nodiscard]] const Tensor& second_moment(std::size_t i) const { return v_.at(i); }
-  /// How many updates parameter i has received.
-  [[nodiscard]] std::int64_t param_steps(std::size_t i) const { return t_.at(i); }
+  /// How many updates parameter i has received, replays of a captured step included (reads the
+  /// device's count: waits for the device, and is an Error during a capture).
+  [[nodiscard]] std::int64_t param_steps(std::size_t i) const;
 
  private:
   double beta1_, beta2_, eps_, weight_decay_;
   std::vector<Tensor> m_, v_;
-  std::vector<std::int64_t> t_;
+  /// Per device group: float64 [members, 3] = (t, lr / (1 - beta1^t), 1 / sqrt(1 - beta2^t)).
+  std::vector<Tensor> schedule_;
 };
 
 }  // namespace dualcast::optim

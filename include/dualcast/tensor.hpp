@@ -75,16 +75,22 @@ class Tensor {
   [[nodiscard]] Tensor clone() const;
   /// A handle with a new shape of the same numel sharing storage (contiguous tensors).
   [[nodiscard]] Tensor view(const Shape& shape) const;
-  /// All elements converted to T, copied to the host (waits for the device).
+  /// Rows [start, start + length) along the first dimension, sharing storage: the result is again
+  /// contiguous (its data starts `start` rows in). For writing into, or reading, one block of a
+  /// larger buffer without a copy (e.g. one time step of a [T*B, K] stack).
+  [[nodiscard]] Tensor narrow(std::int64_t start, std::int64_t length) const;
+  /// All elements converted to T, copied to the host (waits for the device; a dualcast::Error while a
+  /// Graph captures on the tensor's device, like every host read).
   template <class T = double>
   [[nodiscard]] std::vector<T> to_vector() const;
-  /// The value of a one-element tensor as double (waits for the device).
+  /// The value of a one-element tensor as double (waits for the device; an Error during capture).
   [[nodiscard]] double item() const;
 
   // ---- in place ----------------------------------------------------------------------------
   /// Sets every element to `value`.
   Tensor& fill_(double value);
-  /// Copies `src` (same shape, dtype; any device) into this tensor's storage.
+  /// Copies `src` (same shape, dtype; any device) into this tensor's storage. During a Graph capture
+  /// only a copy within the capturing device can be recorded (from or to the host: an Error).
   Tensor& copy_(const Tensor& src);
 
  private:

@@ -11,7 +11,9 @@
 //    loss; backward is (softmax - onehot) * adjoint / N in one elementwise pass. Labels are class
 //    indices held in a float32/float64 (or uint8) tensor, e.g. Tensor::from_vector<int>; a label
 //    outside [0, C) or not an integer is a dualcast::Error naming it (checking costs one device
-//    synchronisation per call). Invariant under shifting all logits by a constant (e.g. +1e5).
+//    synchronisation per call on a GPU; while a Graph captures, where nothing can be read back, the
+//    check is skipped and a bad label makes the loss and the gradient NaN at every replay).
+//    Invariant under shifting all logits by a constant (e.g. +1e5).
 //  - Non-finite logits stay in their line (a row, or a line along `axis`), on the CPU and the GPU
 //    alike: a NaN makes its line's softmax / log_softmax NaN; k >= 1 elements equal to +inf give NaN
 //    at those elements and 0 (softmax) / -inf (log_softmax) at the others; -inf among finite logits

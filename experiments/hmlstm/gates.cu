@@ -1,0 +1,318 @@
+// gates.cu: LayerGates (gates.hpp): the HM-LSTM's gate products with a stacked weight gradient.
+// Compiled by nvcc in CUDA builds and as C++ otherwise; the one hand-written kernel (the gate inputs'
+// backward, which needs two row sums) has a plain loop twin on the CPU.
+#include "gates.hpp"
+
+#include <algorithm>
+#include <utility>
+
+#include "dualcast/error.hpp"
+#include "dualcast/ops/linalg.hpp"
+#include "dualcast/ops/shape.hpp"
+#include "dualcast/parallel.hpp"
+
+#if defined(__CUDACC__)
+#include "dualcast/stream.hpp"
+#endif
+
+namespace hmlstm {
+
+using namespace dualcast;
+
+struct LayerGates::Stack {
+  Tensor x;   ///< [T*B, K]: block t holds step t's gate inputs
+  Tensor ds;  ///< [T*B, G]: block t holds step t's gate adjoints (written by backward)
+  std::vector<char> written, deposited;
+  std::int64_t B = 0;
+};
+
+namespace {
+
+// ---- kernels (named templates: nvcc rejects extended lambdas inside generic lambdas) ------------
+
+/// X = [zb*below, h, z*above, 1, 0, 0, 0] for B rows (K columns; `above` null for the top layer).
+template <class T>
+void gate_inputs(Device d, T* x, std::int64_t B, std::int64_t H, std::int64_t K, const T* below,
+                 const T* zb, const T* h, const T* z, const T* above) {
+  const std::int64_t kx = above ? 3 * H : 2 * H;  // the column of ones
+  parallel_for(d, B * K, [=] DUALCAST_HD(std::int64_t i) {
+    const std::int64_t b = i / K, c = i - b * K;
+    T v;
+    if (c < H) v = zb ? zb[b] * below[b * H + c] : below[b * H + c];
+    else if (c < 2 * H) v = h[b * H + (c - H)];
+    else if (c < kx) v = z[b] * above[b * H + (c - 2 * H)];
+    else v = c == kx ? T(1) : T(0);
+    x[i] = v;
+  });
+}
+
+/// Packs the five gate adjoints (f, i, o, g: [B, H]; s_z: [B, 1]; null = zero) into dS [B, 4H+1].
+template <class T>
+void pack_adjoints(Device d, T* ds, std::int64_t B, std::int64_t H, const T* a0, const T* a1,
+                   const T* a2, const T* a3, const T* a4) {
+  const std::int64_t G = 4 * H + 1;
+  parallel_for(d, B * G, [=] DUALCAST_HD(std::int64_t i) {
+    const std::int64_t b = i / G, c = i - b * G;
+    const std::int64_t piece = c / H < 4 ? c / H : 4;
+    const T* a = piece == 0 ? a0 : piece == 1 ? a1 : piece == 2 ? a2 : piece == 3 ? a3 : a4;
+    ds[i] = a ? (piece < 4 ? a[b * H + (c - piece * H)] : a[b]) : T(0);
+  });
+}
+
+/// From dX [B, K]: d_below = zb * dX[:, 0:H], d_zb = rowsum(dX[:, 0:H] * below), d_h = dX[:, H:2H],
+/// d_above = z * dX[:, 2H:3H], d_z = rowsum(dX[:, 2H:3H] * above). Null outputs are skipped; the
+/// row sums accumulate in double (as dualcast's reductions do for float).
+struct GateInputGrads {
+  const void* dx;
+  const void* below;
+  const void* zb;
+  const void* z;
+  const void* above;
+  void* d_below;
+  void* d_zb;
+  void* d_h;
+  void* d_above;
+  void* d_z;
+};
+
+template <class T>
+void cpu_gate_input_backward(const GateInputGrads& a, std::int64_t B, std::int64_t H, std::int64_t K) {
+  const T* dx = static_cast<const T*>(a.dx);
+  const T* below = static_cast<const T*>(a.below);
+  const T* zb = static_cast<const T*>(a.zb);
+  const T* z = static_cast<const T*>(a.z);
+  const T* above = static_cast<const T*>(a.above);
+  for (std::int64_t b = 0; b < B; ++b) {
+    const T* row = dx + b * K;
+    const T zbv = zb ? zb[b] : T(1);
+    double acc_zb = 0.0, acc_z = 0.0;
+    for (std::int64_t j = 0; j < H; ++j) {
+      if (a.d_below) static_cast<T*>(a.d_below)[b * H + j] = zbv * row[j];
+      if (a.d_zb) acc_zb += static_cast<double>(row[j]) * static_cast<double>(below[b * H + j]);
+      if (a.d_h) static_cast<T*>(a.d_h)[b * H + j] = row[H + j];
+      if (above) {
+        const T g = row[2 * H + j];
+        if (a.d_above) static_cast<T*>(a.d_above)[b * H + j] = z[b] * g;
+        if (a.d_z) acc_z += static_cast<double>(g) * static_cast<double>(above[b * H + j]);
+      }
+    }
+    if (a.d_zb) static_cast<T*>(a.d_zb)[b] = static_cast<T>(acc_zb);
+    if (a.d_z) static_cast<T*>(a.d_z)[b] = static_cast<T>(acc_z);
+  }
+}
+
+#if defined(__CUDACC__)
+constexpr int kRowThreads = 256;
+
+/// One block per row b: the elementwise gradients, then the two row sums (warp shuffles, then the
+/// warps' partials in order: deterministic).
+template <class T>
+__global__ void __launch_bounds__(kRowThreads)
+    gate_input_backward_kernel(GateInputGrads a, std::int64_t H, std::int64_t K) {
+  const std::int64_t b = blockIdx.x;
+  const T* row = static_cast<const T*>(a.dx) + b * K;
+  const T* below = static_cast<const T*>(a.below);
+  const T* above = static_cast<const T*>(a.above);
+  const T zbv = a.zb ? static_cast<const T*>(a.zb)[b] : T(1);
+  const T zv = a.z ? static_cast<const T*>(a.z)[b] : T(0);
+  double acc_zb = 0.0, acc_z = 0.0;
+  for (std::int64_t j = threadIdx.x; j < H; j += kRowThreads) {
+    const T g0 = row[j];
+    if (a.d_below) static_cast<T*>(a.d_below)[b * H + j] = zbv * g0;
+    if (a.d_zb) acc_zb += static_cast<double>(g0) * static_cast<double>(below[b * H + j]);
+    if (a.d_h) static_cast<T*>(a.d_h)[b * H + j] = row[H + j];
+    if (above) {
+      const T g2 = row[2 * H + j];
+      if (a.d_above) static_cast<T*>(a.d_above)[b * H + j] = zv * g2;
+      if (a.d_z) acc_z += static_cast<double>(g2) * static_cast<double>(above[b * H + j]);
+    }
+  }
+  if (!a.d_zb && !a.d_z) return;  // uniform across the block
+  for (int off = 16; off > 0; off /= 2) {
+    acc_zb += __shfl_down_sync(0xffffffffu, acc_zb, off);
+    acc_z += __shfl_down_sync(0xffffffffu, acc_z, off);
+  }
+  __shared__ double part[2][kRowThreads / 32];
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  if (lane == 0) {
+    part[0][warp] = acc_zb;
+    part[1][warp] = acc_z;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double s0 = 0.0, s1 = 0.0;
+    for (int w = 0; w < kRowThreads / 32; ++w) {
+      s0 += part[0][w];
+      s1 += part[1][w];
+    }
+    if (a.d_zb) static_cast<T*>(a.d_zb)[b] = static_cast<T>(s0);
+    if (a.d_z) static_cast<T*>(a.d_z)[b] = static_cast<T>(s1);
+  }
+}
+#endif
+
+template <class T>
+void gate_input_backward(Device d, const GateInputGrads& a, std::int64_t B, std::int64_t H,
+                         std::int64_t K) {
+  if (d.is_cpu()) return cpu_gate_input_backward<T>(a, B, H, K);
+#if defined(__CUDACC__)
+  detail::DeviceGuard guard(d);
+  gate_input_backward_kernel<T><<<static_cast<unsigned>(B), kRowThreads, 0, detail::stream(d)>>>(a, H, K);
+  DUALCAST_CUDA_CHECK_LAUNCH();
+#else
+  DUALCAST_FAIL("hmlstm gates on ", d.str(), ": this file was compiled without nvcc");
+#endif
+}
+
+const void* ptr_or_null(const Tensor& t) { return t.defined() ? t.raw_data() : nullptr; }
+
+// ---- the two nodes ------------------------------------------------------------------------------
+
+/// Owns the layer's stacks; its backward is the one weight-gradient product (see gates.hpp).
+class StackNode final : public Node {
+ public:
+  explicit StackNode(std::shared_ptr<LayerGates::Stack> s) : s_(std::move(s)) {}
+  [[nodiscard]] const char* name() const override { return "hmlstm_stacked_weights"; }
+  void backward(const std::vector<Tensor>& grad_outputs) override {
+    if (!inputs[0] || !s_) return;
+    LayerGates::Stack& s = *s_;
+    // A step whose forward or backward never ran contributes nothing (zero blocks, never garbage).
+    for (std::size_t t = 0; t < s.written.size(); ++t) {
+      const auto r0 = static_cast<std::int64_t>(t) * s.B;
+      if (!s.written[t]) s.x.narrow(r0, s.B).fill_(0.0);
+      if (!s.deposited[t]) s.ds.narrow(r0, s.B).fill_(0.0);
+    }
+    Tensor dw = matmul(s.x, s.ds, /*trans_a=*/true, /*trans_b=*/false);
+    detail::accumulate_grad(*inputs[0], std::move(dw), /*owned=*/true);
+    if (grad_outputs[0].defined()) detail::accumulate_grad(*inputs[0], grad_outputs[0], false);
+  }
+  void release_saved() override { s_.reset(); }
+
+ private:
+  std::shared_ptr<LayerGates::Stack> s_;
+};
+
+/// Step t of one layer: inputs (below, zb, h, z, above, w), outputs (f, i, o, g, s_z).
+class GateNode final : public Node {
+ public:
+  GateNode(std::shared_ptr<LayerGates::Stack> s, std::int64_t t, std::int64_t H, Tensor below,
+           Tensor zb, Tensor z, Tensor above, Tensor w)
+      : s_(std::move(s)), t_(t), H_(H), below_(std::move(below)), zb_(std::move(zb)), z_(std::move(z)),
+        above_(std::move(above)), w_(std::move(w)) {}
+  [[nodiscard]] const char* name() const override { return "hmlstm_gates"; }
+  void backward(const std::vector<Tensor>& g) override {
+    LayerGates::Stack& s = *s_;
+    const std::int64_t B = s.B, H = H_;
+    Tensor ds = s.ds.narrow(t_ * B, B);
+    const Device d = ds.device();
+    auto p = [&](std::size_t m) { return g[m].defined() ? g[m].raw_data() : nullptr; };
+    if (ds.dtype() == DType::float32)
+      pack_adjoints<float>(d, ds.data<float>(), B, H, static_cast<const float*>(p(0)),
+                           static_cast<const float*>(p(1)), static_cast<const float*>(p(2)),
+                           static_cast<const float*>(p(3)), static_cast<const float*>(p(4)));
+    else
+      pack_adjoints<double>(d, ds.data<double>(), B, H, static_cast<const double*>(p(0)),
+                            static_cast<const double*>(p(1)), static_cast<const double*>(p(2)),
+                            static_cast<const double*>(p(3)), static_cast<const double*>(p(4)));
+    s.deposited[static_cast<std::size_t>(t_)] = 1;
+    bool any = false;
+    for (std::size_t k = 0; k < 5; ++k) any = any || inputs[k] != nullptr;
+    if (!any) return;
+    const Tensor dx = matmul(ds, w_, /*trans_a=*/false, /*trans_b=*/true);  // [B, K]
+    const std::int64_t K = dx.shape()[1];
+    auto out = [&](std::size_t k, const Shape& shape) {
+      return inputs[k] ? Tensor::empty(shape, dx.dtype(), d) : Tensor();
+    };
+    Tensor d_below = out(0, {B, H}), d_zb = out(1, {B, 1}), d_h = out(2, {B, H});
+    Tensor d_z = above_.defined() ? out(3, {B, 1}) : Tensor();
+    Tensor d_above = above_.defined() ? out(4, {B, H}) : Tensor();
+    GateInputGrads a{dx.raw_data(),          below_.raw_data(),       ptr_or_null(zb_),
+                     ptr_or_null(z_),        ptr_or_null(above_),     nullptr,
+                     nullptr,                nullptr,                 nullptr,
+                     nullptr};
+    a.d_below = d_below.defined() ? d_below.raw_data() : nullptr;
+    a.d_zb = d_zb.defined() ? d_zb.raw_data() : nullptr;
+    a.d_h = d_h.defined() ? d_h.raw_data() : nullptr;
+    a.d_above = d_above.defined() ? d_above.raw_data() : nullptr;
+    a.d_z = d_z.defined() ? d_z.raw_data() : nullptr;
+    if (dx.dtype() == DType::float32) gate_input_backward<float>(d, a, B, H, K);
+    else gate_input_backward<double>(d, a, B, H, K);
+    const Tensor* grads[5] = {&d_below, &d_zb, &d_h, &d_z, &d_above};
+    for (std::size_t k = 0; k < 5; ++k)
+      if (inputs[k] && grads[k]->defined()) detail::accumulate_grad(*inputs[k], *grads[k], /*owned=*/true);
+  }
+  void release_saved() override {
+    s_.reset();
+    below_ = zb_ = z_ = above_ = w_ = Tensor();
+  }
+
+ private:
+  std::shared_ptr<LayerGates::Stack> s_;
+  std::int64_t t_, H_;
+  Tensor below_, zb_, z_, above_, w_;
+};
+
+}  // namespace
+
+Var stacked_gate_weights(const Var& W, const Var& U, const Var& Td, const Var& b) {
+  const std::int64_t G = W.shape()[1];
+  std::vector<Var> rows{W, U};
+  if (Td.defined()) rows.push_back(Td);
+  rows.push_back(reshape(b, {std::int64_t{1}, G}));
+  rows.push_back(Var(Tensor::zeros({3, G}, W.dtype(), W.device())));
+  return concat(rows, 0);
+}
+
+LayerGates::LayerGates(const Var& wcat, std::int64_t T, std::int64_t B, std::int64_t H, bool has_above)
+    : T_(T), B_(B), H_(H), has_above_(has_above) {
+  const std::int64_t K = (has_above ? 3 : 2) * H + 4, G = 4 * H + 1;
+  DUALCAST_CHECK(wcat.shape() == (Shape{K, G}), "LayerGates: weights of shape ", wcat.shape().str(),
+                 " do not match H=", H, " (expected [", K, ", ", G, "])");
+  if (grad_enabled() && wcat.requires_grad()) {
+    stack_ = std::make_shared<Stack>();
+    stack_->x = Tensor::empty({T * B, K}, wcat.dtype(), wcat.device());
+    stack_->ds = Tensor::empty({T * B, G}, wcat.dtype(), wcat.device());
+    stack_->written.assign(static_cast<std::size_t>(T), 0);
+    stack_->deposited.assign(static_cast<std::size_t>(T), 0);
+    stack_->B = B;
+    w_ = detail::record1(std::make_shared<StackNode>(stack_), {wcat}, wcat.value());
+  } else {
+    w_ = Var(wcat.value());
+  }
+}
+
+std::vector<Var> LayerGates::step(std::int64_t t, const Var& below, const Var& zb, const Var& h,
+                                  const Var& z, const Var& h_above) {
+  DUALCAST_CHECK(t >= 0 && t < T_, "LayerGates::step: step ", t, " outside [0, ", T_, ")");
+  const Tensor& w = w_.value();
+  const std::int64_t K = w.shape()[0], B = B_, H = H_;
+  const Device d = w.device();
+  const bool track = stack_ != nullptr && grad_enabled();
+  Tensor x = track ? stack_->x.narrow(t * B, B) : Tensor::empty({B, K}, w.dtype(), d);
+  const Tensor zbv = zb.defined() ? zb.value() : Tensor();
+  const Tensor zv = has_above_ ? z.value() : Tensor();
+  const Tensor above = has_above_ ? h_above.value() : Tensor();
+  if (w.dtype() == DType::float32)
+    gate_inputs<float>(d, x.data<float>(), B, H, K, below.value().data<float>(),
+                       zbv.defined() ? zbv.data<float>() : nullptr, h.value().data<float>(),
+                       zv.defined() ? zv.data<float>() : nullptr,
+                       above.defined() ? above.data<float>() : nullptr);
+  else
+    gate_inputs<double>(d, x.data<double>(), B, H, K, below.value().data<double>(),
+                        zbv.defined() ? zbv.data<double>() : nullptr, h.value().data<double>(),
+                        zv.defined() ? zv.data<double>() : nullptr,
+                        above.defined() ? above.data<double>() : nullptr);
+  const Tensor s = matmul(x, w);  // [B, G]
+  std::vector<Tensor> gates = split(s, 1, {H, H, H, H, std::int64_t{1}});
+  if (!track) {
+    std::vector<Var> out;
+    for (auto& g : gates) out.emplace_back(std::move(g));
+    return out;
+  }
+  stack_->written[static_cast<std::size_t>(t)] = 1;
+  auto node = std::make_shared<GateNode>(stack_, t, H, below.value(), zbv, zv, above, w);
+  return detail::record(std::move(node), {below, zb, h, has_above_ ? z : Var(), has_above_ ? h_above : Var(), w_},
+                        std::move(gates));
+}
+
+}  // namespace hmlstm

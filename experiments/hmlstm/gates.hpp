@@ -1,0 +1,61 @@
+// gates.hpp: the gate pre-activations of one HM-LSTM layer over T time steps, with the weight
+// gradient of all T steps computed as ONE matrix product after the time loop.
+//
+// Per step t the layer's gates are s_t = [zb*h_below, h, z*h_above, 1, 0, 0, 0] @ Wcat with
+// Wcat = [W; U; Td; b; 0; 0; 0] (the bias is a row of the product; three zero rows pad the inner
+// dimension to a multiple of 4), split into f, i, o, g (H each) and s_z (1). For the top layer the
+// h_above block (and Td) is absent. At t = 0 h and h_above are the zero state, so their blocks are zero.
+//
+// The tape (rule 5: a node holds what its backward needs; its backward only accumulates):
+//  * a StackNode per layer, created before the time loop, owns the layer's stacks X [T*B, K] (the
+//    gate inputs of every step) and dS [T*B, G] (the gate adjoints of every step). Its output `w` is
+//    Wcat's value on a node of its own, the weight every step reads. Created first, it runs last in
+//    backward (nodes run by decreasing creation order): dWcat = X^T dS, one product with inner
+//    dimension T*B instead of T products with inner dimension B (the skinny products that dominated
+//    the step), which also yields db (the bias row) without a per-step reduction.
+//  * a GateNode per step writes its gate inputs straight into block t of X (one kernel: the row
+//    scalings by the flags and the concatenation), multiplies, and splits s_t into the five gates.
+//    Backward packs the five gate adjoints into block t of dS (one kernel), computes the input
+//    adjoint dX_t = dS_t Wcat^T (one product) and from it the gradients of h_below, zb, h, z and
+//    h_above (one kernel; the two flag gradients are row sums).
+// Versus one matmul node per step plus the flag products, the concatenation, the bias add and the
+// split: the same values and gradients (tests: StackedGatesEqualThePerStepProducts), about a third
+// of the kernels, and 2 instead of 3 products per layer and step.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "dualcast/tape.hpp"
+#include "dualcast/tensor.hpp"
+
+namespace hmlstm {
+
+/// Wcat = [W; U; Td; b; 0; 0; 0] (Td may be undefined: the top layer), a Var on the tape (the
+/// concatenation's backward hands each parameter its rows).
+dualcast::Var stacked_gate_weights(const dualcast::Var& W, const dualcast::Var& U, const dualcast::Var& Td,
+                                   const dualcast::Var& b);
+
+/// One layer's gate products for steps 0..T-1 over batches of B rows (see the file comment).
+class LayerGates {
+ public:
+  /// wcat: stacked_gate_weights(...) of this layer, [K, 4H+1]; has_above: whether the layer reads the
+  /// layer above (h_above, z). Creates the layer's StackNode (call before the time loop).
+  LayerGates(const dualcast::Var& wcat, std::int64_t T, std::int64_t B, std::int64_t H, bool has_above);
+  /// f, i, o, g, s_z of step t (0 <= t < T, each step once, in order). zb: [B,1] multiplier of
+  /// h_below (undefined: 1); z: [B,1] multiplier of h_above (ignored without has_above).
+  std::vector<dualcast::Var> step(std::int64_t t, const dualcast::Var& below, const dualcast::Var& zb,
+                                  const dualcast::Var& h, const dualcast::Var& z,
+                                  const dualcast::Var& h_above);
+
+  struct Stack;
+
+ private:
+  std::shared_ptr<Stack> stack_;
+  dualcast::Var w_;  // the StackNode's output: Wcat's value
+  std::int64_t T_, B_, H_;
+  bool has_above_;
+};
+
+}  // namespace hmlstm
