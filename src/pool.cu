@@ -372,6 +372,8 @@ Tensor max_pool2d(const Tensor& x, Size2 kernel, Size2 stride, Size2 padding) {
   return pool_detail::max_forward(x, g).y;
 }
 
+Tensor max_pool2d(const Tensor& x, Size2 kernel) { return max_pool2d(x, kernel, kernel, Size2(0)); }
+
 Var avg_pool2d(const Var& x, Size2 kernel, Size2 stride, Size2 padding, bool count_include_pad) {
   pool_detail::undefined_check(x, Kind::avg);
   const auto g = pool_detail::window_geometry(x.value(), Kind::avg, kernel, stride, padding,
@@ -383,6 +385,8 @@ Tensor avg_pool2d(const Tensor& x, Size2 kernel, Size2 stride, Size2 padding, bo
   const auto g = pool_detail::window_geometry(x, Kind::avg, kernel, stride, padding, count_include_pad);
   return pool_detail::avg_forward(x, g, false);
 }
+
+Tensor avg_pool2d(const Tensor& x, Size2 kernel) { return avg_pool2d(x, kernel, kernel, Size2(0), true); }
 
 Var adaptive_avg_pool2d(const Var& x, Size2 output) {
   pool_detail::undefined_check(x, Kind::adaptive);

@@ -30,12 +30,14 @@ Var max_pool2d(const Var& x, Size2 kernel, Size2 stride, Size2 padding = Size2(0
 /// Stride = kernel (PyTorch's default).
 Var max_pool2d(const Var& x, Size2 kernel);
 Tensor max_pool2d(const Tensor& x, Size2 kernel, Size2 stride, Size2 padding = Size2(0));
+Tensor max_pool2d(const Tensor& x, Size2 kernel);
 
 Var avg_pool2d(const Var& x, Size2 kernel, Size2 stride, Size2 padding = Size2(0),
                bool count_include_pad = true);
 Var avg_pool2d(const Var& x, Size2 kernel);
 Tensor avg_pool2d(const Tensor& x, Size2 kernel, Size2 stride, Size2 padding = Size2(0),
                   bool count_include_pad = true);
+Tensor avg_pool2d(const Tensor& x, Size2 kernel);
 
 Var adaptive_avg_pool2d(const Var& x, Size2 output);
 Tensor adaptive_avg_pool2d(const Tensor& x, Size2 output);
