@@ -2,12 +2,16 @@
 // GEMM implementation that the CPU always uses and CUDA devices use without cuDNN (or with
 // DUALCAST_CONV=gemm). The cuDNN backend is conv_cudnn.cpp.
 //
-// im2col + GEMM, for a chunk of nb samples starting at b0 (chunks bound the column buffer):
+// im2col + GEMM, for a chunk of nb samples starting at b0 (chunks bound the buffers), with one GEMM
+// per group over all nb * OH * OW columns (a GEMM per sample would be too small to run well):
 //   cols [C*KH*KW, nb*OH*OW]: row (c, kh, kw), column (b, oh, ow) holds x[b0+b, c, ih, iw] or 0
-//   forward   y_b[g]  = W[g] [Og, Cg*KH*KW] x cols[g] (columns of sample b)      one batched GEMM per group
-//   dx:       dcols[g] = W[g]^T x dy_b[g]; dx gathers every column entry that read it (col2im)
-//   dw:       dW[g] += dyT[g] [Og, nb*OH*OW] x cols[g]^T, with dyT the chunk's dy as [O, nb*OH*OW]
-// Row (c, kh, kw) with c = g * Cg + j puts each group's rows in one contiguous block of cols.
+//   rows [O, nb*OH*OW]: the chunk's output (or output gradient) with the channel outermost
+//   forward   rows[g] = W[g] [Og, Cg*KH*KW] x cols[g], scattered to y (NCHW)
+//   dw        dW[g] += rows[g] x cols[g]^T, with rows = dy of the chunk
+//   dx        dcols[g] = W[g]^T x rows[g]; dx gathers every column entry that read it (col2im)
+// Row (c, kh, kw) with c = g * Cg + j puts each group's rows in one contiguous block of cols. On the
+// CPU, im2col, col2im and the row copies run per plane on dualcast's thread pool with contiguous
+// inner loops; the BLAS calls are made outside the pool.
 #include "dualcast/ops/conv.hpp"
 
 #include <algorithm>
@@ -177,19 +181,133 @@ struct Col2im {
   }
 };
 
-/// dyT[o, b * OHW + p] = dy[b0 + b, o, p]: the chunk's output gradient as one [O, nb*OHW] matrix.
+/// Between the chunk's NCHW output [nb, O, OHW] (at sample b0) and the GEMM's [O, nb * OHW]:
+/// to_rows copies dy into rows, otherwise rows are scattered back into y. One element per index (GPU).
 template <class T>
 struct OutputRows {
-  const T* dy;
-  T* dyT;
+  T* nchw;
+  T* rows;
   std::int64_t O, OHW, b0, nb;
+  bool to_rows;
   DUALCAST_HD void operator()(std::int64_t i) const {
     const std::int64_t L = nb * OHW;
     const std::int64_t o = div64(i, L), r = i - o * L;
     const std::int64_t b = div64(r, OHW), p = r - b * OHW;
-    dyT[i] = dy[((b0 + b) * O + o) * OHW + p];
+    T& a = nchw[((b0 + b) * O + o) * OHW + p];
+    if (to_rows) rows[i] = a;
+    else a = rows[i];
   }
 };
+
+/// The same on the CPU: task (b, o) copies one contiguous run of OHW.
+template <class T>
+struct OutputRowsPlanes {
+  T* nchw;
+  T* rows;
+  std::int64_t O, OHW, b0, nb;
+  bool to_rows;
+  void operator()(std::int64_t task) const {
+    const std::int64_t b = task / O, o = task - b * O;
+    T* a = nchw + ((b0 + b) * O + o) * OHW;
+    T* r = rows + o * nb * OHW + b * OHW;
+    if (to_rows) std::copy(a, a + OHW, r);
+    else std::copy(r, r + OHW, a);
+  }
+};
+
+/// The CPU's im2col: task (c, b) fills the KH*KW rows of channel c for sample b, a row segment of
+/// OH*OW at a time with the index arithmetic hoisted out of the inner loop (the per-element form
+/// above spends its time dividing).
+template <class T>
+struct Im2colPlanes {
+  const T* x;
+  T* cols;
+  ConvGeometry g;
+  std::int64_t b0, nb;
+  void operator()(std::int64_t task) const {
+    const std::int64_t c = task / nb, b = task - c * nb;
+    const std::int64_t L = nb * g.OH * g.OW;
+    const T* plane = x + ((b0 + b) * g.C + c) * g.H * g.W;
+    for (std::int64_t kh = 0; kh < g.KH; ++kh)
+      for (std::int64_t kw = 0; kw < g.KW; ++kw) {
+        T* row = cols + ((c * g.KH + kh) * g.KW + kw) * L + b * g.OH * g.OW;
+        for (std::int64_t oh = 0; oh < g.OH; ++oh) {
+          const std::int64_t ih = oh * g.sh - g.ph + kh * g.dh;
+          T* out = row + oh * g.OW;
+          if (ih < 0 || ih >= g.H) {
+            for (std::int64_t ow = 0; ow < g.OW; ++ow) out[ow] = T(0);
+            continue;
+          }
+          const T* in = plane + ih * g.W;
+          const std::int64_t shift = kw * g.dw - g.pw;
+          for (std::int64_t ow = 0; ow < g.OW; ++ow) {
+            const std::int64_t iw = ow * g.sw + shift;
+            out[ow] = (iw >= 0 && iw < g.W) ? in[iw] : T(0);
+          }
+        }
+      }
+  }
+};
+
+/// The CPU's col2im: task (b, c) owns the plane dx[b0 + b, c] and adds the columns of its KH*KW rows
+/// into it (no other task writes that plane).
+template <class T>
+struct Col2imPlanes {
+  const T* dcols;
+  T* dx;
+  ConvGeometry g;
+  std::int64_t b0, nb;
+  bool accumulate;
+  void operator()(std::int64_t task) const {
+    const std::int64_t b = task / g.C, c = task - b * g.C;
+    const std::int64_t L = nb * g.OH * g.OW;
+    T* plane = dx + ((b0 + b) * g.C + c) * g.H * g.W;
+    if (!accumulate)
+      for (std::int64_t i = 0; i < g.H * g.W; ++i) plane[i] = T(0);
+    for (std::int64_t kh = 0; kh < g.KH; ++kh)
+      for (std::int64_t kw = 0; kw < g.KW; ++kw) {
+        const T* row = dcols + ((c * g.KH + kh) * g.KW + kw) * L + b * g.OH * g.OW;
+        for (std::int64_t oh = 0; oh < g.OH; ++oh) {
+          const std::int64_t ih = oh * g.sh - g.ph + kh * g.dh;
+          if (ih < 0 || ih >= g.H) continue;
+          const T* in = row + oh * g.OW;
+          T* out = plane + ih * g.W;
+          const std::int64_t shift = kw * g.dw - g.pw;
+          for (std::int64_t ow = 0; ow < g.OW; ++ow) {
+            const std::int64_t iw = ow * g.sw + shift;
+            if (iw >= 0 && iw < g.W) out[iw] += in[ow];
+          }
+        }
+      }
+  }
+};
+
+template <class Body>
+void run_tasks(const void* ctx, std::int64_t begin, std::int64_t end) {
+  const Body& body = *static_cast<const Body*>(ctx);
+  for (std::int64_t t = begin; t < end; ++t) body(t);
+}
+
+template <class T>
+void im2col(Device d, const T* x, T* cols, const ConvGeometry& g, std::int64_t b0, std::int64_t nb) {
+  if (d.is_cpu()) {
+    const Im2colPlanes<T> body{x, cols, g, b0, nb};
+    detail::cpu_parallel_range(g.C * nb, 1, &run_tasks<Im2colPlanes<T>>, &body);
+  } else {
+    parallel_for(d, g.C * g.KH * g.KW * nb * g.OHW(), Im2col<T>{x, cols, g, b0, nb});
+  }
+}
+
+template <class T>
+void col2im(Device d, const T* dcols, T* dx, const ConvGeometry& g, std::int64_t b0, std::int64_t nb,
+            bool accumulate) {
+  if (d.is_cpu()) {
+    const Col2imPlanes<T> body{dcols, dx, g, b0, nb, accumulate};
+    detail::cpu_parallel_range(nb * g.C, 1, &run_tasks<Col2imPlanes<T>>, &body);
+  } else {
+    parallel_for(d, nb * g.C * g.HW(), Col2im<T>{dcols, dx, g, b0, nb, accumulate});
+  }
+}
 
 /// Samples per chunk: the column buffer stays under a budget (32M elements on a GPU, 4M on the CPU).
 std::int64_t chunk_samples(Device d, const ConvGeometry& g) {
@@ -199,40 +317,20 @@ std::int64_t chunk_samples(Device d, const ConvGeometry& g) {
 }
 
 template <class T>
+void output_rows(Device d, T* nchw, T* rows, const ConvGeometry& g, std::int64_t b0, std::int64_t nb,
+                 bool to_rows) {
+  if (d.is_cpu()) {
+    const OutputRowsPlanes<T> body{nchw, rows, g.O, g.OHW(), b0, nb, to_rows};
+    detail::cpu_parallel_range(nb * g.O, 1, &run_tasks<OutputRowsPlanes<T>>, &body);
+  } else {
+    parallel_for(d, g.O * nb * g.OHW(), OutputRows<T>{nchw, rows, g.O, g.OHW(), b0, nb, to_rows});
+  }
+}
+
+/// Per chunk: cols = im2col(x); rows[g] = W[g] cols[g] (one GEMM per group over all nb*OHW columns);
+/// y = rows scattered back to NCHW.
+template <class T>
 void gemm_forward(Device d, const ConvGeometry& g, const T* x, const T* w, T* y) {
-  const std::int64_t nbmax = chunk_samples(d, g);
-  const std::int64_t CKK = g.C * g.KH * g.KW, OHW = g.OHW(), Og = g.Og(), CgKK = g.CgKK();
-  Tensor cols = Tensor::empty(Shape{CKK * nbmax * OHW}, dtype_of<T>(), d);
-  T* cp = cols.data<T>();
-  for (std::int64_t b0 = 0; b0 < g.N; b0 += nbmax) {
-    const std::int64_t nb = std::min(nbmax, g.N - b0), L = nb * OHW;
-    parallel_for(d, CKK * L, Im2col<T>{x, cp, g, b0, nb});
-    for (std::int64_t grp = 0; grp < g.groups; ++grp)
-      detail::gemm(d, dtype_of<T>(), false, false, Og, OHW, CgKK, 1.0, w + grp * Og * CgKK, CgKK, 0,
-                   cp + grp * CgKK * L, L, OHW, 0.0, y + b0 * g.O * OHW + grp * Og * OHW, OHW,
-                   g.O * OHW, nb);
-  }
-}
-
-template <class T>
-void gemm_backward_data(Device d, const ConvGeometry& g, const T* w, const T* dy, T* dx,
-                        bool accumulate) {
-  const std::int64_t nbmax = chunk_samples(d, g);
-  const std::int64_t CKK = g.C * g.KH * g.KW, OHW = g.OHW(), Og = g.Og(), CgKK = g.CgKK();
-  Tensor dcols = Tensor::empty(Shape{CKK * nbmax * OHW}, dtype_of<T>(), d);
-  T* cp = dcols.data<T>();
-  for (std::int64_t b0 = 0; b0 < g.N; b0 += nbmax) {
-    const std::int64_t nb = std::min(nbmax, g.N - b0), L = nb * OHW;
-    for (std::int64_t grp = 0; grp < g.groups; ++grp)
-      detail::gemm(d, dtype_of<T>(), true, false, CgKK, OHW, Og, 1.0, w + grp * Og * CgKK, CgKK, 0,
-                   dy + b0 * g.O * OHW + grp * Og * OHW, OHW, g.O * OHW, 0.0, cp + grp * CgKK * L, L,
-                   OHW, nb);
-    parallel_for(d, nb * g.C * g.HW(), Col2im<T>{cp, dx, g, b0, nb, accumulate});
-  }
-}
-
-template <class T>
-void gemm_backward_filter(Device d, const ConvGeometry& g, const T* x, const T* dy, T* dw) {
   const std::int64_t nbmax = chunk_samples(d, g);
   const std::int64_t CKK = g.C * g.KH * g.KW, OHW = g.OHW(), Og = g.Og(), CgKK = g.CgKK();
   Tensor cols = Tensor::empty(Shape{CKK * nbmax * OHW}, dtype_of<T>(), d);
@@ -241,11 +339,40 @@ void gemm_backward_filter(Device d, const ConvGeometry& g, const T* x, const T* 
   T* rp = rows.data<T>();
   for (std::int64_t b0 = 0; b0 < g.N; b0 += nbmax) {
     const std::int64_t nb = std::min(nbmax, g.N - b0), L = nb * OHW;
-    parallel_for(d, CKK * L, Im2col<T>{x, cp, g, b0, nb});
-    parallel_for(d, g.O * L, OutputRows<T>{dy, rp, g.O, OHW, b0, nb});
+    im2col<T>(d, x, cp, g, b0, nb);
     for (std::int64_t grp = 0; grp < g.groups; ++grp)
-      detail::gemm(d, dtype_of<T>(), false, true, Og, CgKK, L, 1.0, rp + grp * Og * L, L, 0,
-                   cp + grp * CgKK * L, L, 0, b0 == 0 ? 0.0 : 1.0, dw + grp * Og * CgKK, CgKK, 0, 1);
+      detail::gemm(d, dtype_of<T>(), false, false, Og, L, CgKK, 1.0, w + grp * Og * CgKK, CgKK, 0,
+                   cp + grp * CgKK * L, L, 0, 0.0, rp + grp * Og * L, L, 0, 1);
+    output_rows<T>(d, y, rp, g, b0, nb, /*to_rows=*/false);
+  }
+}
+
+/// Per chunk: rows = dy as [O, nb*OHW]; dW[g] (+)= rows[g] cols[g]^T with cols = im2col(x);
+/// dcols[g] = W[g]^T rows[g], gathered into dx. dx or dw may be null (not needed).
+template <class T>
+void gemm_backward(Device d, const ConvGeometry& g, const T* x, const T* w, T* dy, T* dx, bool accumulate,
+                   T* dw) {
+  const std::int64_t nbmax = chunk_samples(d, g);
+  const std::int64_t CKK = g.C * g.KH * g.KW, OHW = g.OHW(), Og = g.Og(), CgKK = g.CgKK();
+  Tensor cols = Tensor::empty(Shape{CKK * nbmax * OHW}, dtype_of<T>(), d);
+  Tensor rows = Tensor::empty(Shape{g.O * nbmax * OHW}, dtype_of<T>(), d);
+  T* cp = cols.data<T>();
+  T* rp = rows.data<T>();
+  for (std::int64_t b0 = 0; b0 < g.N; b0 += nbmax) {
+    const std::int64_t nb = std::min(nbmax, g.N - b0), L = nb * OHW;
+    output_rows<T>(d, dy, rp, g, b0, nb, /*to_rows=*/true);
+    if (dw) {
+      im2col<T>(d, x, cp, g, b0, nb);
+      for (std::int64_t grp = 0; grp < g.groups; ++grp)
+        detail::gemm(d, dtype_of<T>(), false, true, Og, CgKK, L, 1.0, rp + grp * Og * L, L, 0,
+                     cp + grp * CgKK * L, L, 0, b0 == 0 ? 0.0 : 1.0, dw + grp * Og * CgKK, CgKK, 0, 1);
+    }
+    if (dx) {
+      for (std::int64_t grp = 0; grp < g.groups; ++grp)
+        detail::gemm(d, dtype_of<T>(), true, false, CgKK, L, Og, 1.0, w + grp * Og * CgKK, CgKK, 0,
+                     rp + grp * Og * L, L, 0, 0.0, cp + grp * CgKK * L, L, 0, 1);
+      col2im<T>(d, cp, dx, g, b0, nb, accumulate);
+    }
   }
 }
 
@@ -264,34 +391,23 @@ void forward(const ConvGeometry& g, const Tensor& x, const Tensor& w, Tensor& y)
   });
 }
 
-void backward_data(const ConvGeometry& g, const Tensor& w, const Tensor& dy, Tensor& dx,
-                   bool accumulate) {
-  if (dx.numel() == 0) return;
-  const Device d = w.device();
+/// dx (+)= and dw = the gradients of one convolution; an undefined dx or dw is not computed.
+void conv_backward(const ConvGeometry& g, const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx,
+              bool accumulate, Tensor* dw) {
+  const Device d = dy.device();
+  if (dw && g.N == 0) dw->fill_(0.0);
+  if (g.N == 0) return;
   if (use_cudnn(d)) {
-    detail::cudnn_conv_backward_data(d, w.dtype(), g, w.raw_data(), dy.raw_data(), dx.raw_data(),
-                                     accumulate);
+    if (dx)
+      detail::cudnn_conv_backward_data(d, dy.dtype(), g, w.raw_data(), dy.raw_data(), dx->raw_data(),
+                                       accumulate);
+    if (dw) detail::cudnn_conv_backward_filter(d, dy.dtype(), g, x.raw_data(), dy.raw_data(), dw->raw_data());
     return;
   }
-  dispatch_floating(w.dtype(), "conv2d backward", [&](auto tag) {
+  dispatch_floating(dy.dtype(), "conv2d backward", [&](auto tag) {
     using T = decltype(tag);
-    gemm_backward_data<T>(d, g, w.data<T>(), dy.data<T>(), dx.data<T>(), accumulate);
-  });
-}
-
-void backward_filter(const ConvGeometry& g, const Tensor& x, const Tensor& dy, Tensor& dw) {
-  const Device d = x.device();
-  if (g.N == 0) {
-    dw.fill_(0.0);
-    return;
-  }
-  if (use_cudnn(d)) {
-    detail::cudnn_conv_backward_filter(d, x.dtype(), g, x.raw_data(), dy.raw_data(), dw.raw_data());
-    return;
-  }
-  dispatch_floating(x.dtype(), "conv2d backward", [&](auto tag) {
-    using T = decltype(tag);
-    gemm_backward_filter<T>(d, g, x.data<T>(), dy.data<T>(), dw.data<T>());
+    gemm_backward<T>(d, g, dw ? x.data<T>() : nullptr, dx ? w.data<T>() : nullptr, dy.data<T>(),
+                     dx ? dx->data<T>() : nullptr, accumulate, dw ? dw->data<T>() : nullptr);
   });
 }
 
@@ -306,20 +422,16 @@ class Conv2dNode final : public Node {
   void backward(const std::vector<Tensor>& grad_outputs) override {
     if (!grad_outputs[0].defined()) return;
     const Tensor dy = detail::contiguous_copy(grad_outputs[0]);
-    if (inputs[0]) {
-      // The input's gradient is written in place when it already holds one of its own (a residual
-      // input whose other consumer ran first): cuDNN adds with beta = 1, col2im adds as it gathers.
-      VarState& in = *inputs[0];
-      const bool accumulate = in.grad.defined() && in.grad_owned;
-      Tensor dx = accumulate ? in.grad : Tensor::empty(Shape{g_.N, g_.C, g_.H, g_.W}, dy.dtype(), dy.device());
-      backward_data(g_, w_, dy, dx, accumulate);
-      if (!accumulate) detail::accumulate_grad(in, std::move(dx), /*owned=*/true);
-    }
-    if (inputs[1]) {
-      Tensor dw = Tensor::empty(Shape{g_.O, g_.Cg(), g_.KH, g_.KW}, dy.dtype(), dy.device());
-      backward_filter(g_, x_, dy, dw);
-      detail::accumulate_grad(*inputs[1], std::move(dw), /*owned=*/true);
-    }
+    // The input's gradient is written in place when it already holds one of its own (a residual
+    // input whose other consumer ran first): cuDNN adds with beta = 1, col2im adds as it gathers.
+    VarState* in = inputs[0].get();
+    const bool accumulate = in && in->grad.defined() && in->grad_owned;
+    Tensor dx, dw;
+    if (in) dx = accumulate ? in->grad : Tensor::empty(Shape{g_.N, g_.C, g_.H, g_.W}, dy.dtype(), dy.device());
+    if (inputs[1]) dw = Tensor::empty(Shape{g_.O, g_.Cg(), g_.KH, g_.KW}, dy.dtype(), dy.device());
+    conv_backward(g_, x_, w_, dy, in ? &dx : nullptr, accumulate, inputs[1] ? &dw : nullptr);
+    if (in && !accumulate) detail::accumulate_grad(*in, std::move(dx), /*owned=*/true);
+    if (inputs[1]) detail::accumulate_grad(*inputs[1], std::move(dw), /*owned=*/true);
   }
 
   Tensor x_;  ///< kept when w needs a gradient
