@@ -44,9 +44,12 @@ struct alignas(sizeof(T) * V) CbPacket {
   T v[V];
 };
 
-/// Elements per chunk: 16 bytes of T.
-template <class T>
-inline constexpr int cb_width = 16 / static_cast<int>(sizeof(T));
+/// Elements per chunk: 16 bytes of T; 8 bytes in the backward of wide functions (K > 6 partials), so
+/// a chunk's gradients stay in registers.
+template <class T, int K = 1>
+inline constexpr int cb_width = (K <= 6 ? 16 : 8) / static_cast<int>(sizeof(T)) > 0
+                                    ? (K <= 6 ? 16 : 8) / static_cast<int>(sizeof(T))
+                                    : 1;
 
 template <class T, int NA>
 struct ChannelOperands {
@@ -55,7 +58,7 @@ struct ChannelOperands {
   T scal[NN] = {};       ///< the number
   int access[NN] = {};   ///< ChannelAccess
   std::int64_t n = 0, C = 1, inner = 1;
-  bool vec = false;  ///< chunks of V are aligned and lie in one channel (inner % V == 0)
+  bool vec = false;  ///< chunks of 16 bytes are aligned and lie in one channel (inner % V == 0)
 
   [[nodiscard]] DUALCAST_HD DUALCAST_INLINE std::int64_t channel_of(std::int64_t i) const {
     const std::int64_t q = cb_div(i, inner);
@@ -153,7 +156,7 @@ template <class T, int K, class F, int... Slots>
 struct ChannelBackwardBody<T, K, F, std::integer_sequence<int, Slots...>> {
   static constexpr int NA = sizeof...(Slots);
   static constexpr int NN = NA > 0 ? NA : 1;
-  static constexpr int V = cb_width<T>;
+  static constexpr int V = cb_width<T, K>;
   F f;
   ChannelOperands<T, NA> ops{};
   const T* adj = nullptr;
