@@ -270,11 +270,13 @@ class StatsNode final : public Node {
     VarState& in = *inputs[0];
     const bool in_place = in.grad.defined() && in.grad_owned;
     Tensor gx = in_place ? in.grad : Tensor::empty(x_.shape(), x_.dtype(), x_.device());
+    const Tensor dmc = dm.defined() ? detail::contiguous_copy(dm) : Tensor();
+    const Tensor drc = dr.defined() ? detail::contiguous_copy(dr) : Tensor();
     dispatch_floating(x_.dtype(), "batch_norm backward", [&](auto tag) {
       using T = decltype(tag);
       StatsBackward<T> body{x_.data<T>(),
-                            dm.defined() ? detail::contiguous_copy(dm).template data<T>() : nullptr,
-                            dr.defined() ? detail::contiguous_copy(dr).template data<T>() : nullptr,
+                            dmc.defined() ? dmc.template data<T>() : nullptr,
+                            drc.defined() ? drc.template data<T>() : nullptr,
                             mean_.data<T>(),
                             rstd_.data<T>(),
                             gx.data<T>(),
