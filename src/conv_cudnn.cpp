@@ -171,7 +171,7 @@ bool usable(const Perf& r, DType dtype, std::size_t limit) {
   return true;
 }
 
-bool capturing(Device device) {
+bool stream_is_capturing(Device device) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   DUALCAST_CUDA_CHECK(cudaStreamIsCapturing(stream(device), &status));
   return status != cudaStreamCaptureStatusNone;
@@ -238,7 +238,7 @@ void cudnn_conv_forward(Device device, DType dtype, const ConvGeometry& g, const
       DUALCAST_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(h, &max_count));
       std::vector<cudnnConvolutionFwdAlgoPerf_t> r(static_cast<std::size_t>(std::max(max_count, 1)));
       std::size_t limit = kMaxWorkspace;
-      if (use_find() && !capturing(device)) {
+      if (use_find() && !stream_is_capturing(device)) {
         Tensor ws = search_workspace(device, limit);
         DUALCAST_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(
             h, p.x, x, p.w, w, p.conv, p.y, y, max_count, &returned, r.data(), ws.raw_data(), limit));
@@ -273,7 +273,7 @@ void cudnn_conv_backward_data(Device device, DType dtype, const ConvGeometry& g,
       DUALCAST_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, &max_count));
       std::vector<cudnnConvolutionBwdDataAlgoPerf_t> r(static_cast<std::size_t>(std::max(max_count, 1)));
       std::size_t limit = kMaxWorkspace;
-      if (use_find() && !capturing(device)) {
+      if (use_find() && !stream_is_capturing(device)) {
         Tensor ws = search_workspace(device, limit);
         // Find writes its trial results: into a scratch buffer, so an accumulated dx is untouched.
         const Tensor scratch = Tensor::empty(Shape{g.N, g.C, g.H, g.W}, dtype, device);
@@ -312,7 +312,7 @@ void cudnn_conv_backward_filter(Device device, DType dtype, const ConvGeometry& 
       DUALCAST_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, &max_count));
       std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> r(static_cast<std::size_t>(std::max(max_count, 1)));
       std::size_t limit = kMaxWorkspace;
-      if (use_find() && !capturing(device)) {
+      if (use_find() && !stream_is_capturing(device)) {
         Tensor ws = search_workspace(device, limit);
         DUALCAST_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
             h, p.x, x, p.y, dy, p.conv, p.w, dw, max_count, &returned, r.data(), ws.raw_data(), limit));
