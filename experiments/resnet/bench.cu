@@ -1,0 +1,302 @@
+// bench.cu: resnet_train's benchmark (--bench: one training step timed at several batch sizes, eager
+// and, when dualcast::Graph exists, captured) and validation export (--export: the state PyTorch must
+// reproduce, as .npy files).
+//
+// The step is zero_grad, forward in training mode, softmax cross-entropy, backward, SGD with momentum
+// 0.9 and weight decay 5e-4: what experiments/resnet/peer_torch.py times for PyTorch. On a CUDA device
+// each repetition starts from an idle GPU and is timed by CUDA events on dualcast's stream
+// (experiments/common/gpu_timing.hpp); the allocator's cudaMalloc count is read around the timed
+// repetitions to show that a warm step allocates nothing new.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "../common/gpu_timing.hpp"
+#include "../common/json_lite.hpp"
+#include "../common/report.hpp"
+#include "dualcast/memory.hpp"
+#include "dualcast/optim.hpp"
+#include "dualcast/random.hpp"
+#include "driver.hpp"
+
+#if defined(__CUDACC__)
+#include <cuda_profiler_api.h>
+
+#include "dualcast/stream.hpp"
+#endif
+
+// The hook for whole-step capture (issue "Whole-step capture"): compiled in once
+// include/dualcast/graph.hpp exists, against the Graph contract of that issue.
+#if __has_include("dualcast/graph.hpp")
+#include "dualcast/graph.hpp"
+#define RESNET_HAVE_GRAPH 1
+#else
+#define RESNET_HAVE_GRAPH 0
+#endif
+
+namespace resnet {
+
+namespace {
+
+using dualcast::DType;
+using dualcast::Shape;
+namespace json = dcexp::json;
+
+/// A random batch: images [B, 1, 28, 28] ~ N(0, 1) and labels uniform over the classes (float32).
+struct Batch {
+  Tensor x, y;
+};
+Batch random_batch(std::int64_t B, std::int64_t classes, Device device, std::uint64_t seed) {
+  Batch b;
+  b.x = Tensor::randn(Shape{B, 1, 28, 28}, Device::cpu(), seed).to(device);
+  std::vector<float> labels(static_cast<std::size_t>(B));
+  for (std::int64_t i = 0; i < B; ++i)
+    labels[static_cast<std::size_t>(i)] = static_cast<float>(
+        static_cast<std::int64_t>(dualcast::random::uniform(seed + 1, static_cast<std::uint64_t>(i)) *
+                                  static_cast<double>(classes)) % classes);
+  b.y = Tensor::from_vector<float>(Shape{B}, labels, device);
+  return b;
+}
+
+/// One training step of the benchmark.
+struct Step {
+  const Model& model;
+  dualcast::SGD& opt;
+  const Batch& batch;
+  Fusion fusion;
+  double label_smoothing;
+  Tensor loss;
+  void operator()() {
+    opt.zero_grad();
+    Var l = classification_loss(model.forward(Var(batch.x), true, fusion), batch.y, label_smoothing);
+    l.backward();
+    opt.step();
+    loss = l.value();
+  }
+};
+
+json::Value times_json(const dcexp::StepTimes& t, std::int64_t B) {
+  json::Value v = json::Value::object();
+  v["step_ms"] = dcexp::summary_json(t.primary());
+  v["wall_ms"] = dcexp::summary_json(t.wall_ms);
+  v["pipelined_ms"] = t.pipelined_ms;
+  v["images_per_s"] = static_cast<double>(B) / (t.primary().median * 1e-3);
+  v["images_per_s_pipelined"] = static_cast<double>(B) / (t.pipelined_ms * 1e-3);
+  v["warmup"] = t.warmup;
+  v["reps"] = t.reps;
+  return v;
+}
+
+dcexp::StepTimes time_step(Device device, const std::function<void()>& step, int warmup, int reps) {
+  auto prepare = [](int) {};
+  auto run = [&](int) { step(); };
+#if defined(__CUDACC__)
+  if (device.is_cuda()) return dcexp::time_steps_cuda(prepare, run, warmup, reps, dualcast::detail::stream(device));
+#endif
+  return dcexp::time_steps_wall(prepare, run, [&] { dualcast::synchronize(device); }, warmup, reps);
+}
+
+#if RESNET_HAVE_GRAPH
+/// The same step captured once and replayed (Graph contract of the whole-step capture issue): the
+/// batch lives in static tensors allocated before capture; the loss is copied out of the graph.
+json::Value time_captured(Device device, Step& step, const Options& o, std::int64_t B) {
+  Tensor loss_out = Tensor::zeros(Shape{}, DType::float32, device);
+  dualcast::Graph graph;
+  graph.capture(device, [&] {
+    step();
+    loss_out.copy_(step.loss);
+  });
+  const dcexp::StepTimes t = time_step(device, [&] { graph.replay(); }, o.bench_warmup, o.bench_reps);
+  json::Value v = times_json(t, B);
+  v["loss_after"] = loss_out.item();
+  return v;
+}
+#endif
+
+}  // namespace
+
+int run_bench(const Options& o) {
+  const Device device = parse_device(o.device);
+  json::Value results = json::Value::array();
+  std::printf("resnet_train --bench: ResNet-18 width %lld on %s (%s), convolutions: %s, %s elementwise\n",
+              static_cast<long long>(o.width), device.str().c_str(), dualcast::device_name(device).c_str(),
+              dualcast::conv_backend_name(device).c_str(),
+              o.fusion == Fusion::fused ? "fused" : "composed");
+  std::printf("%8s %12s %12s %12s %14s %10s\n", "batch", "median ms", "p10 ms", "p90 ms", "images/s",
+              "mallocs");
+  for (const std::int64_t B : o.bench) {
+    Config cfg;
+    cfg.width = o.width;
+    const Model model = Model::create(cfg, device, o.seed);
+    dualcast::SGD opt(model.params(), 0.01, 0.9, 5e-4);
+    const Batch batch = random_batch(B, cfg.classes, device, o.seed + 7);
+    Step step{model, opt, batch, o.fusion, o.label_smoothing, Tensor()};
+    // The first steps search cuDNN's algorithms and fill the allocator's cache: warm up before
+    // counting allocations.
+    for (int i = 0; i < 3; ++i) step();
+    dualcast::synchronize(device);
+    const std::int64_t mallocs_before = dualcast::memory_stats(device).device_malloc_calls;
+    const dcexp::StepTimes t = time_step(device, [&] { step(); }, o.bench_warmup, o.bench_reps);
+    const std::int64_t new_mallocs = dualcast::memory_stats(device).device_malloc_calls - mallocs_before;
+    json::Value r = times_json(t, B);
+    r["batch"] = static_cast<long long>(B);
+    r["new_device_mallocs_while_timed"] = static_cast<long long>(new_mallocs);
+    r["peak_bytes_in_use"] = static_cast<long long>(dualcast::memory_stats(device).peak_bytes_in_use);
+    r["loss_after"] = step.loss.item();
+    std::printf("%8lld %12.3f %12.3f %12.3f %14.0f %10lld\n", static_cast<long long>(B), t.primary().median,
+                t.primary().p10, t.primary().p90, static_cast<double>(B) / (t.primary().median * 1e-3),
+                static_cast<long long>(new_mallocs));
+    if (o.capture) {
+#if RESNET_HAVE_GRAPH
+      r["captured"] = time_captured(device, step, o, B);
+      std::printf("%8s %12.3f (captured step replayed)\n", "",
+                  r["captured"]["step_ms"]["median"].number());
+#else
+      r["captured"] = "skipped: this dualcast has no dualcast::Graph (include/dualcast/graph.hpp)";
+      std::printf("%8s captured: skipped (no dualcast::Graph in this build)\n", "");
+#endif
+    }
+#if defined(__CUDACC__)
+    if (o.profile_step && device.is_cuda()) {
+      // One more step inside a profiler range: `ncu --profile-from-start off` sees exactly one step.
+      dualcast::synchronize(device);
+      DCEXP_CUDA(cudaProfilerStart());
+      step();
+      dualcast::synchronize(device);
+      DCEXP_CUDA(cudaProfilerStop());
+      r["profiled_step"] = true;
+    }
+#endif
+    results.push_back(std::move(r));
+  }
+  if (!o.out.empty()) {
+    namespace fs = std::filesystem;
+    fs::create_directories(o.out);
+    json::Value js = json::Value::object();
+    js["what"] = "one ResNet-18 training step (forward, cross-entropy, backward, SGD momentum 0.9, weight decay 5e-4), fp32";
+    js["framework"] = "dualcast";
+    // The method's name says what differs from the default (fused elementwise, cuDNN, Find).
+    std::string method = o.fusion == Fusion::fused ? "eager" : "eager_composed";
+    const std::string backend = dualcast::conv_backend_name(device);
+    if (device.is_cuda() && backend.find("im2col") != std::string::npos) method += "_gemm";
+    if (backend.find("heuristic") != std::string::npos) method += "_heuristic";
+    js["method"] = method;
+    js["width"] = static_cast<long long>(o.width);
+    js["input"] = "[B, 1, 28, 28]";
+    js["device"] = device.str();
+    js["device_name"] = dualcast::device_name(device);
+    js["conv_backend"] = dualcast::conv_backend_name(device);
+    js["time_utc"] = dcexp::iso_time();
+    js["results"] = std::move(results);
+    const std::string stem = o.name.empty() ? "dualcast_resnet" : o.name;
+    const std::string path = (fs::path(o.out) / (stem + "_bench.json")).string();
+    json::write_file(path, js);
+    std::printf("wrote %s\n", path.c_str());
+  }
+  return 0;
+}
+
+// ---- export ----------------------------------------------------------------------------------------
+
+namespace {
+
+/// A float32 array as a NumPy .npy file (format 1.0, little-endian, C order).
+void write_npy(const std::string& path, const Tensor& t) {
+  const std::vector<float> v = t.to_vector<float>();
+  std::string shape = "(";
+  for (int d = 0; d < t.rank(); ++d) shape += std::to_string(t.shape()[d]) + (t.rank() == 1 || d + 1 < t.rank() ? "," : "");
+  shape += ")";
+  std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': " + shape + ", }";
+  const std::size_t total = 10 + header.size() + 1;
+  header.append((64 - total % 64) % 64, ' ');
+  header += '\n';
+  std::ofstream out(path, std::ios::binary);
+  DUALCAST_CHECK(out.good(), "--export: cannot write '", path, "'");
+  const char magic[] = "\x93NUMPY\x01\x00";
+  out.write(magic, 8);
+  const auto len = static_cast<std::uint16_t>(header.size());
+  const char len_bytes[2] = {static_cast<char>(len & 0xff), static_cast<char>(len >> 8)};
+  out.write(len_bytes, 2);
+  out.write(header.data(), static_cast<std::streamsize>(header.size()));
+  out.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float)));
+  DUALCAST_CHECK(out.good(), "--export: writing '", path, "' failed");
+}
+
+json::Value shape_json(const Tensor& t) {
+  json::Value s = json::Value::array();
+  for (int d = 0; d < t.rank(); ++d) s.push_back(static_cast<long long>(t.shape()[d]));
+  return s;
+}
+
+}  // namespace
+
+int run_export(const Options& o) {
+  namespace fs = std::filesystem;
+  const Device device = parse_device(o.device);
+  for (const char* sub : {"params", "buffers", "grads", "params_after", "buffers_after"})
+    fs::create_directories(fs::path(o.export_dir) / sub);
+  Config cfg;
+  cfg.width = o.width;
+  const Model model = Model::create(cfg, device, o.seed);
+  const Batch batch = random_batch(o.batch, cfg.classes, device, o.seed + 7);
+  auto dir = [&](const char* sub, const std::string& name) {
+    return (fs::path(o.export_dir) / sub / (name + ".npy")).string();
+  };
+  json::Value params = json::Value::array(), buffers = json::Value::array();
+  for (const auto& [name, v] : model.named_params()) {
+    write_npy(dir("params", name), v.value());
+    json::Value e = json::Value::object();
+    e["name"] = name;
+    e["shape"] = shape_json(v.value());
+    params.push_back(std::move(e));
+  }
+  for (const auto& [name, t] : model.named_buffers()) {
+    write_npy(dir("buffers", name), t);
+    json::Value e = json::Value::object();
+    e["name"] = name;
+    e["shape"] = shape_json(t);
+    buffers.push_back(std::move(e));
+  }
+  write_npy((fs::path(o.export_dir) / "x.npy").string(), batch.x);
+  write_npy((fs::path(o.export_dir) / "y.npy").string(), batch.y);
+
+  dualcast::SGD opt(model.params(), o.lr, o.momentum, o.weight_decay);
+  opt.zero_grad();
+  Var loss = classification_loss(model.forward(Var(batch.x), true, o.fusion), batch.y, o.label_smoothing);
+  loss.backward();
+  for (const auto& [name, v] : model.named_params()) write_npy(dir("grads", name), v.grad());
+  opt.step();
+  for (const auto& [name, v] : model.named_params()) write_npy(dir("params_after", name), v.value());
+  for (const auto& [name, t] : model.named_buffers()) write_npy(dir("buffers_after", name), t);
+
+  json::Value m = json::Value::object();
+  m["width"] = static_cast<long long>(o.width);
+  m["batch"] = static_cast<long long>(o.batch);
+  m["lr"] = o.lr;
+  m["momentum"] = o.momentum;
+  m["weight_decay"] = o.weight_decay;
+  m["label_smoothing"] = o.label_smoothing;
+  m["bn_momentum"] = cfg.bn_momentum;
+  m["bn_eps"] = cfg.bn_eps;
+  char loss_text[32];
+  std::snprintf(loss_text, sizeof loss_text, "%.9g", loss.item());
+  m["loss"] = json::Value::raw_number(loss_text);
+  m["device"] = device.str();
+  m["device_name"] = dualcast::device_name(device);
+  m["conv_backend"] = dualcast::conv_backend_name(device);
+  m["fusion"] = o.fusion == Fusion::fused ? "fused" : "composed";
+  m["params"] = std::move(params);
+  m["buffers"] = std::move(buffers);
+  json::write_file((fs::path(o.export_dir) / "manifest.json").string(), m);
+  std::printf("resnet_train --export: width %lld, batch %lld, loss %.8g on %s; wrote %s\n",
+              static_cast<long long>(o.width), static_cast<long long>(o.batch), loss.item(),
+              device.str().c_str(), o.export_dir.c_str());
+  return 0;
+}
+
+}  // namespace resnet

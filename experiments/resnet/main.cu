@@ -1,0 +1,478 @@
+// resnet_train: trains ResNet-18 (CIFAR form, model.hpp) on Fashion-MNIST with SGD + momentum (or
+// Adam), random-crop and flip augmentation and a one-cycle (or cosine) learning-rate schedule, on the
+// CPU or a CUDA device; reports per epoch the training loss, test loss and accuracy and the time, and
+// writes them as CSV and JSON (plot.py draws the PNG). --bench times one training step at given batch
+// sizes; --export writes what experiments/resnet/peer_torch.py needs to check PyTorch against
+// dualcast (bench.cu). See README.md beside this file.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../common/cli.hpp"
+#include "../common/json_lite.hpp"
+#include "../common/report.hpp"
+#include "../mnist/model.hpp"  // gather_rows, epoch_permutation
+#include "dualcast/data.hpp"
+#include "dualcast/memory.hpp"
+#include "dualcast/optim.hpp"
+#include "driver.hpp"
+
+namespace {
+
+using dcexp::cli::UsageError;
+using dualcast::Device;
+using dualcast::Shape;
+using dualcast::Tensor;
+using dualcast::Var;
+using resnet::Options;
+
+const char* kUsage = R"(usage: resnet_train [options]
+
+Trains ResNet-18 (CIFAR form: 3x3 stem, stages of w, 2w, 4w, 8w channels, two basic blocks each,
+global average pooling, linear head) on Fashion-MNIST and reports, per epoch, the training loss,
+the test loss and accuracy and the time taken.
+
+model and data:
+  --width N                 channels of the first stage (default 64: ResNet-18; 8 or 16 for a CPU run)
+  --data DIR                Fashion-MNIST IDX files (default /usr/share/datasets/fashion-mnist)
+  --train-subset N          train on a fixed random subset of N images (default: all 60000)
+  --test-subset N           evaluate on the first N test images (default: all 10000)
+  --augment-pad N           random crop: shift by up to N pixels, zero padding (default 2; 0: none)
+  --no-flip                 no random horizontal flips
+  --fusion fused|composed   elementwise layers as fused channel_broadcast kernels (default) or as
+                            separate batch_norm, relu and add ops
+training:
+  --optimizer sgd|adam      (default sgd, momentum 0.9)
+  --lr X                    peak learning rate (default 0.1 for sgd, 0.001 for adam)
+  --schedule onecycle|cosine|constant
+                            onecycle (default): linear from lr/10 to lr over --warmup of the steps,
+                            then cosine to 0; cosine: from lr to 0
+  --warmup X                onecycle's rising share of all steps, in [0, 1) (default 0.2)
+  --momentum X              SGD momentum in [0, 1) (default 0.9)
+  --weight-decay X          L2 weight decay on every parameter (default 5e-4)
+  --label-smoothing X       in [0, 1) (default 0)
+  --epochs N                (default 10)
+  --batch N                 (default 128)
+  --eval-batch N            (default 500)
+  --max-steps-per-epoch N   cut every epoch short (smoke tests)
+  --seed N                  weights, subset, shuffling and augmentation (default 0)
+  --device cpu|cuda|cuda:K  (default cpu)
+  --out DIR, --name STEM    write DIR/STEM.csv and DIR/STEM.json (stem default resnet_wW_DEVICE)
+  --expect-loss-decrease    exit with status 1 unless the last epoch's training loss is below the first's
+  --quiet                   no progress lines
+benchmark and validation (no data needed):
+  --bench B1,B2,..          time one training step (forward, backward, SGD) at each batch size on
+                            random data; writes OUT/STEM_bench.json
+  --bench-reps N, --bench-warmup N   (default 30, 10)
+  --capture                 also time the step captured once and replayed as a CUDA graph (needs
+                            dualcast::Graph, include/dualcast/graph.hpp)
+  --profile-step            bracket one step after the warm-up with cudaProfilerStart/Stop (for
+                            ncu --profile-from-start off)
+  --export DIR              write initial weights, one batch (--batch), loss, gradients and the state
+                            after one SGD step for experiments/resnet/peer_torch.py
+  --help                    this text
+
+Exit status: 0 on success, 1 for a data or runtime error (or a loss that did not fall with
+--expect-loss-decrease), 2 for a command-line error.
+)";
+
+double parse_double(const std::string& opt, const std::string& s) {
+  std::size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &used);
+  } catch (const std::exception&) {
+    throw UsageError(opt + ": '" + s + "' is not a number");
+  }
+  if (used != s.size()) throw UsageError(opt + ": '" + s + "' is not a number");
+  return v;
+}
+
+std::int64_t parse_int(const std::string& opt, const std::string& s, std::int64_t lo) {
+  std::size_t used = 0;
+  long long v = 0;
+  try {
+    v = std::stoll(s, &used);
+  } catch (const std::exception&) {
+    throw UsageError(opt + ": '" + s + "' is not an integer");
+  }
+  if (used != s.size()) throw UsageError(opt + ": '" + s + "' is not an integer");
+  if (v < lo) throw UsageError(opt + ": " + s + " is below the minimum " + std::to_string(lo));
+  return v;
+}
+
+std::vector<std::int64_t> parse_list(const std::string& opt, const std::string& s) {
+  std::vector<std::int64_t> out;
+  std::size_t start = 0;
+  while (start <= s.size()) {
+    const std::size_t comma = s.find(',', start);
+    out.push_back(parse_int(opt, s.substr(start, comma == std::string::npos ? std::string::npos : comma - start), 1));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+Options parse(int argc, char** argv, bool& help) {
+  Options o;
+  help = false;
+  dcexp::cli::ArgWalker args(argc, argv);
+  bool lr_given = false;
+  while (args.next()) {
+    const std::string a = args.option();
+    auto next = [&] { return args.value(); };
+    auto flag = [&] { args.no_value(); };
+    if (a == "--help" || a == "-h") { flag(); help = true; }
+    else if (a == "--quiet") { flag(); o.quiet = true; }
+    else if (a == "--width") o.width = parse_int(a, next(), 1);
+    else if (a == "--data") o.data = next();
+    else if (a == "--train-subset") o.train_subset = parse_int(a, next(), 1);
+    else if (a == "--test-subset") o.test_subset = parse_int(a, next(), 1);
+    else if (a == "--augment-pad") o.augment.pad = parse_int(a, next(), 0);
+    else if (a == "--no-flip") { flag(); o.augment.flip = false; }
+    else if (a == "--fusion") {
+      const std::string v = next();
+      if (v != "fused" && v != "composed") throw UsageError("--fusion: unknown value '" + v + "' (expected fused or composed)");
+      o.fusion = v == "fused" ? resnet::Fusion::fused : resnet::Fusion::composed;
+    }
+    else if (a == "--optimizer") o.optimizer = next();
+    else if (a == "--lr") { o.lr = parse_double(a, next()); lr_given = true; }
+    else if (a == "--schedule") o.schedule = next();
+    else if (a == "--warmup") o.warmup = parse_double(a, next());
+    else if (a == "--momentum") o.momentum = parse_double(a, next());
+    else if (a == "--weight-decay") o.weight_decay = parse_double(a, next());
+    else if (a == "--label-smoothing") o.label_smoothing = parse_double(a, next());
+    else if (a == "--epochs") o.epochs = static_cast<int>(parse_int(a, next(), 1));
+    else if (a == "--batch") o.batch = parse_int(a, next(), std::numeric_limits<std::int64_t>::min());
+    else if (a == "--eval-batch") o.eval_batch = parse_int(a, next(), 1);
+    else if (a == "--max-steps-per-epoch") o.max_steps = parse_int(a, next(), 1);
+    else if (a == "--seed") o.seed = static_cast<std::uint64_t>(parse_int(a, next(), 0));
+    else if (a == "--device") o.device = next();
+    else if (a == "--out") o.out = next();
+    else if (a == "--name") o.name = next();
+    else if (a == "--expect-loss-decrease") { flag(); o.expect_loss_decrease = true; }
+    else if (a == "--bench") o.bench = parse_list(a, next());
+    else if (a == "--bench-reps") o.bench_reps = static_cast<int>(parse_int(a, next(), 1));
+    else if (a == "--bench-warmup") o.bench_warmup = static_cast<int>(parse_int(a, next(), 0));
+    else if (a == "--capture") { flag(); o.capture = true; }
+    else if (a == "--profile-step") { flag(); o.profile_step = true; }
+    else if (a == "--export") o.export_dir = next();
+    else throw UsageError("unknown option '" + a + "'");
+  }
+  if (help) return o;
+  if (o.optimizer != "sgd" && o.optimizer != "adam")
+    throw UsageError("--optimizer: unknown optimizer '" + o.optimizer + "' (expected sgd or adam)");
+  if (o.schedule != "onecycle" && o.schedule != "cosine" && o.schedule != "constant")
+    throw UsageError("--schedule: unknown schedule '" + o.schedule + "' (expected onecycle, cosine or constant)");
+  if (!lr_given) o.lr = o.optimizer == "sgd" ? 0.1 : 1e-3;
+  if (!std::isfinite(o.lr) || o.lr <= 0)
+    throw UsageError("--lr: learning rate " + std::to_string(o.lr) + " is invalid (it must be a finite number > 0)");
+  if (!(o.warmup >= 0 && o.warmup < 1)) throw UsageError("--warmup: must lie in [0, 1)");
+  if (!(o.momentum >= 0 && o.momentum < 1)) throw UsageError("--momentum: must lie in [0, 1)");
+  if (!(o.weight_decay >= 0 && std::isfinite(o.weight_decay))) throw UsageError("--weight-decay: must be a finite number >= 0");
+  if (!(o.label_smoothing >= 0 && o.label_smoothing < 1)) throw UsageError("--label-smoothing: must lie in [0, 1)");
+  if (o.batch < 1) throw UsageError("--batch: " + std::to_string(o.batch) + " must be at least 1");
+  return o;
+}
+
+/// Learning rate at progress t in [0, 1) of the run.
+double lr_at(const Options& o, double t) {
+  constexpr double kPi = 3.14159265358979323846;
+  if (o.schedule == "constant") return o.lr;
+  if (o.schedule == "cosine") return o.lr * 0.5 * (1.0 + std::cos(kPi * t));
+  if (t < o.warmup) return o.lr * (0.1 + 0.9 * t / o.warmup);
+  return o.lr * 0.5 * (1.0 + std::cos(kPi * (t - o.warmup) / (1.0 - o.warmup)));
+}
+
+Tensor index_tensor(const std::vector<std::int64_t>& rows, std::size_t begin, std::size_t end, Device d) {
+  std::vector<float> idx(rows.begin() + static_cast<std::ptrdiff_t>(begin),
+                         rows.begin() + static_cast<std::ptrdiff_t>(end));
+  return Tensor::from_vector<float>(Shape{static_cast<std::int64_t>(idx.size())}, idx, d);
+}
+
+struct EpochMetrics {
+  int epoch = 0;
+  std::int64_t steps = 0;
+  double lr_end = 0, train_loss = 0, test_loss = 0, test_accuracy = 0;
+  double train_seconds = 0, train_cpu_seconds = 0, eval_seconds = 0, images_per_second = 0;
+  std::int64_t malloc_calls = 0, bytes_in_use = 0, bytes_held = 0;
+};
+
+void evaluate(const resnet::Model& model, const dualcast::Dataset& test, std::int64_t n,
+              const Options& o, double& loss, double& accuracy) {
+  dualcast::NoGradGuard no_grad;
+  std::vector<std::int64_t> rows(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) rows[static_cast<std::size_t>(i)] = i;
+  const std::vector<float> labels = test.labels.to_vector<float>();
+  resnet::Augment plain = o.augment;
+  plain.pad = 0;
+  plain.flip = false;
+  double total = 0;
+  std::int64_t correct = 0;
+  for (std::int64_t start = 0; start < n; start += o.eval_batch) {
+    const std::int64_t stop = std::min(n, start + o.eval_batch);
+    const Tensor idx = index_tensor(rows, static_cast<std::size_t>(start), static_cast<std::size_t>(stop),
+                                    test.images.device());
+    const Tensor x = resnet::gather_batch(test.images, idx, test.rows, test.cols, plain, 0, 0);
+    const std::vector<float> z = model.forward(Var(x), false, o.fusion).value().to_vector<float>();
+    const std::int64_t C = static_cast<std::int64_t>(z.size()) / (stop - start);
+    for (std::int64_t r = 0; r < stop - start; ++r) {
+      const float* zr = z.data() + r * C;
+      std::int64_t best = 0;
+      double mx = zr[0];
+      for (std::int64_t c = 1; c < C; ++c)
+        if (zr[c] > mx) mx = zr[c], best = c;
+      double se = 0;
+      for (std::int64_t c = 0; c < C; ++c) se += std::exp(static_cast<double>(zr[c]) - mx);
+      const auto label = static_cast<std::int64_t>(labels[static_cast<std::size_t>(start + r)]);
+      total += mx + std::log(se) - static_cast<double>(zr[label]);
+      if (best == label) ++correct;
+    }
+  }
+  loss = total / static_cast<double>(n);
+  accuracy = static_cast<double>(correct) / static_cast<double>(n);
+}
+
+void write_outputs(const Options& o, const std::string& stem, Device device, const resnet::Model& model,
+                   std::int64_t train_n, std::int64_t test_n, double load_seconds,
+                   const std::vector<EpochMetrics>& epochs) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(o.out, ec);
+  DUALCAST_CHECK(!ec && fs::is_directory(o.out), "--out: cannot create directory '", o.out, "': ", ec.message());
+  const std::string csv_path = (fs::path(o.out) / (stem + ".csv")).string();
+  const std::string json_path = (fs::path(o.out) / (stem + ".json")).string();
+  std::ofstream csv(csv_path);
+  DUALCAST_CHECK(csv.good(), "--out: cannot write '", csv_path, "'");
+  csv << "epoch,steps,lr_end,train_loss,test_loss,test_accuracy,epoch_seconds,epoch_cpu_seconds,"
+         "images_per_second,eval_seconds,device_malloc_calls,bytes_in_use,bytes_held\n";
+  csv.precision(8);
+  for (const auto& e : epochs)
+    csv << e.epoch << ',' << e.steps << ',' << e.lr_end << ',' << e.train_loss << ',' << e.test_loss << ','
+        << e.test_accuracy << ',' << e.train_seconds << ',' << e.train_cpu_seconds << ','
+        << e.images_per_second << ',' << e.eval_seconds << ',' << e.malloc_calls << ',' << e.bytes_in_use
+        << ',' << e.bytes_held << '\n';
+  DUALCAST_CHECK(csv.good(), "--out: writing '", csv_path, "' failed");
+
+  namespace json = dcexp::json;
+  json::Value js = json::Value::object();
+  js["model"] = "resnet18-cifar";
+  js["width"] = static_cast<long long>(o.width);
+  js["num_params"] = static_cast<long long>(model.num_params());
+  js["fusion"] = o.fusion == resnet::Fusion::fused ? "fused" : "composed";
+  js["optimizer"] = o.optimizer;
+  js["lr"] = o.lr;
+  js["schedule"] = o.schedule;
+  js["warmup"] = o.warmup;
+  js["momentum"] = o.momentum;
+  js["weight_decay"] = o.weight_decay;
+  js["label_smoothing"] = o.label_smoothing;
+  js["augment_pad"] = static_cast<long long>(o.augment.pad);
+  js["augment_flip"] = o.augment.flip;
+  js["batch"] = static_cast<long long>(o.batch);
+  js["epochs"] = static_cast<long long>(epochs.size());
+  js["seed"] = static_cast<long long>(o.seed);
+  js["max_steps_per_epoch"] = static_cast<long long>(o.max_steps);
+  js["device"] = device.str();
+  js["device_name"] = dualcast::device_name(device);
+  js["conv_backend"] = dualcast::conv_backend_name(device);
+  js["data"] = o.data;
+  js["train_size"] = static_cast<long long>(train_n);
+  js["test_size"] = static_cast<long long>(test_n);
+  js["load_seconds"] = load_seconds;
+  js["time_utc"] = dcexp::iso_time();
+  double total = 0;
+  for (const auto& e : epochs) total += e.train_seconds;
+  js["total_train_seconds"] = total;
+  js["final_test_accuracy"] = epochs.empty() ? 0.0 : epochs.back().test_accuracy;
+  json::Value rows = json::Value::array();
+  for (const auto& e : epochs) {
+    json::Value r = json::Value::object();
+    r["epoch"] = e.epoch;
+    r["steps"] = static_cast<long long>(e.steps);
+    r["lr_end"] = e.lr_end;
+    r["train_loss"] = e.train_loss;
+    r["test_loss"] = e.test_loss;
+    r["test_accuracy"] = e.test_accuracy;
+    r["epoch_seconds"] = e.train_seconds;
+    r["epoch_cpu_seconds"] = e.train_cpu_seconds;
+    r["images_per_second"] = e.images_per_second;
+    r["eval_seconds"] = e.eval_seconds;
+    r["device_malloc_calls"] = static_cast<long long>(e.malloc_calls);
+    r["bytes_in_use"] = static_cast<long long>(e.bytes_in_use);
+    r["bytes_held"] = static_cast<long long>(e.bytes_held);
+    rows.push_back(std::move(r));
+  }
+  js["per_epoch"] = std::move(rows);
+  json::write_file(json_path, js);
+  std::printf("wrote %s and %s\n", csv_path.c_str(), json_path.c_str());
+}
+
+int run_training(const Options& o) {
+  const Device device = resnet::parse_device(o.device);
+  const auto t_load = std::chrono::steady_clock::now();
+  dualcast::Dataset train = dualcast::load_fashion_mnist(o.data, true);
+  dualcast::Dataset test = dualcast::load_fashion_mnist(o.data, false);
+  const std::int64_t n_all = train.size();
+  const std::int64_t n = o.train_subset > 0 ? std::min(o.train_subset, n_all) : n_all;
+  const std::int64_t n_test = o.test_subset > 0 ? std::min(o.test_subset, test.size()) : test.size();
+  if (o.batch > n)
+    throw UsageError("--batch: " + std::to_string(o.batch) + " is larger than the training set (" +
+                     std::to_string(n) + " images)");
+  // A fixed random subset (all images when no subset is asked for), in the order of epoch 0's shuffle.
+  std::vector<std::int64_t> subset = mnist::epoch_permutation(n_all, o.seed, 0);
+  subset.resize(static_cast<std::size_t>(n));
+  train = train.to(device);
+  test = test.to(device);
+  dualcast::synchronize(device);
+  const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
+
+  resnet::Config cfg;
+  cfg.width = o.width;
+  const resnet::Model model = resnet::Model::create(cfg, device, o.seed);
+  std::unique_ptr<dualcast::Optimizer> opt;
+  if (o.optimizer == "sgd")
+    opt = std::make_unique<dualcast::SGD>(model.params(), o.lr, o.momentum, o.weight_decay);
+  else
+    opt = std::make_unique<dualcast::Adam>(model.params(), o.lr, 0.9, 0.999, 1e-8, o.weight_decay);
+
+  std::printf("resnet_train: ResNet-18 (CIFAR form) width %lld, %lld parameters, %s; %s lr %g (%s), "
+              "momentum %g, weight decay %g, label smoothing %g, batch %lld, %d epochs, crop pad %lld, "
+              "flip %s, seed %llu\n",
+              static_cast<long long>(o.width), static_cast<long long>(model.num_params()),
+              o.fusion == resnet::Fusion::fused ? "fused elementwise" : "composed elementwise",
+              o.optimizer.c_str(), o.lr, o.schedule.c_str(), o.momentum, o.weight_decay, o.label_smoothing,
+              static_cast<long long>(o.batch), o.epochs, static_cast<long long>(o.augment.pad),
+              o.augment.flip ? "on" : "off", static_cast<unsigned long long>(o.seed));
+  std::printf("device %s (%s), convolutions: %s; data %s: %lld of %lld train, %lld test, loaded in %.2f s\n",
+              device.str().c_str(), dualcast::device_name(device).c_str(),
+              dualcast::conv_backend_name(device).c_str(), o.data.c_str(), static_cast<long long>(n),
+              static_cast<long long>(n_all), static_cast<long long>(n_test), load_seconds);
+  std::fflush(stdout);
+
+  const std::int64_t steps_full = (n + o.batch - 1) / o.batch;
+  const std::int64_t steps = o.max_steps > 0 ? std::min(steps_full, o.max_steps) : steps_full;
+  const double total_steps = static_cast<double>(steps) * o.epochs;
+  std::vector<EpochMetrics> history;
+  for (int epoch = 1; epoch <= o.epochs; ++epoch) {
+    const std::vector<std::int64_t> order = mnist::epoch_permutation(n, o.seed, epoch);
+    std::vector<std::int64_t> rows(order.size());
+    for (std::size_t i = 0; i < order.size(); ++i) rows[i] = subset[static_cast<std::size_t>(order[i])];
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::clock_t c0 = std::clock();
+    double loss_sum = 0, lr = o.lr;
+    std::int64_t images = 0;
+    for (std::int64_t s = 0; s < steps; ++s) {
+      const auto begin = static_cast<std::size_t>(s * o.batch);
+      const auto end = static_cast<std::size_t>(std::min(n, (s + 1) * o.batch));
+      const Tensor idx = index_tensor(rows, begin, end, device);
+      const Tensor x = resnet::gather_batch(train.images, idx, train.rows, train.cols, o.augment, o.seed,
+                                            static_cast<std::uint64_t>(epoch) * 1000000ull + static_cast<std::uint64_t>(s));
+      const Tensor y = mnist::gather_rows(train.labels, idx);
+      lr = lr_at(o, static_cast<double>((epoch - 1) * steps + s) / total_steps);
+      opt->set_lr(lr);
+      opt->zero_grad();
+      Var loss = resnet::classification_loss(model.forward(Var(x), true, o.fusion), y, o.label_smoothing);
+      loss.backward();
+      opt->step();
+      const double l = loss.item();
+      if (!std::isfinite(l))
+        DUALCAST_FAIL("training diverged: loss ", l, " at epoch ", epoch, " step ", s + 1, " (try a smaller --lr)");
+      loss_sum += l;
+      images += static_cast<std::int64_t>(end - begin);
+      if (!o.quiet && ((s + 1) % 50 == 0 || s + 1 == steps)) {
+        std::fprintf(stderr, "\repoch %d/%d step %lld/%lld loss %.4f lr %.4g %.1f s", epoch, o.epochs,
+                     static_cast<long long>(s + 1), static_cast<long long>(steps),
+                     loss_sum / static_cast<double>(s + 1), lr,
+                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        std::fflush(stderr);
+      }
+    }
+    dualcast::synchronize(device);
+    const auto t1 = std::chrono::steady_clock::now();
+    const std::clock_t c1 = std::clock();
+    if (!o.quiet) std::fprintf(stderr, "\n");
+    EpochMetrics m;
+    m.epoch = epoch;
+    m.steps = steps;
+    m.lr_end = lr;
+    m.train_loss = loss_sum / static_cast<double>(steps);
+    m.train_seconds = std::chrono::duration<double>(t1 - t0).count();
+    m.train_cpu_seconds = static_cast<double>(c1 - c0) / CLOCKS_PER_SEC;
+    m.images_per_second = static_cast<double>(images) / m.train_seconds;
+    evaluate(model, test, n_test, o, m.test_loss, m.test_accuracy);
+    m.eval_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+    const auto stats = dualcast::memory_stats(device);
+    m.malloc_calls = stats.device_malloc_calls;
+    m.bytes_in_use = stats.bytes_in_use;
+    m.bytes_held = stats.bytes_held;
+    history.push_back(m);
+    std::printf("epoch %d: train_loss %.4f test_loss %.4f test_acc %.4f (%.2f s train, %.0f images/s, "
+                "%.2f s eval, lr %.4g, %lld allocations so far)\n",
+                epoch, m.train_loss, m.test_loss, m.test_accuracy, m.train_seconds, m.images_per_second,
+                m.eval_seconds, lr, static_cast<long long>(m.malloc_calls));
+    std::fflush(stdout);
+  }
+  std::string stem = o.name;
+  if (stem.empty()) {
+    std::string dev = device.str();
+    std::replace(dev.begin(), dev.end(), ':', '-');
+    stem = "resnet_w" + std::to_string(o.width) + "_" + dev;
+  }
+  if (!o.out.empty()) write_outputs(o, stem, device, model, n, n_test, load_seconds, history);
+  if (o.expect_loss_decrease) {
+    const double first = history.front().train_loss, last = history.back().train_loss;
+    if (!(last < first)) {
+      std::fprintf(stderr, "resnet_train: the training loss did not fall: %.4f in epoch 1, %.4f in epoch %d\n",
+                   first, last, o.epochs);
+      return 1;
+    }
+    std::printf("training loss fell from %.4f to %.4f\n", first, last);
+  }
+  return 0;
+}
+
+}  // namespace
+
+namespace resnet {
+Device parse_device(const std::string& s) {
+  if (s == "cpu") return Device::cpu();
+  if (s == "cuda") return Device::cuda(0);
+  if (s.rfind("cuda:", 0) == 0) return Device::cuda(static_cast<int>(parse_int("--device", s.substr(5), 0)));
+  throw UsageError("--device: unknown device '" + s + "' (expected cpu, cuda or cuda:K)");
+}
+}  // namespace resnet
+
+int main(int argc, char** argv) {
+  bool help = false;
+  Options o;
+  try {
+    o = parse(argc, argv, help);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "resnet_train: %s\n(run resnet_train --help for the options)\n", e.what());
+    return 2;
+  }
+  if (help) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  try {
+    if (!o.export_dir.empty()) return resnet::run_export(o);
+    if (!o.bench.empty()) return resnet::run_bench(o);
+    return run_training(o);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "resnet_train: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "resnet_train: error: %s\n", e.what());
+    return 1;
+  }
+}

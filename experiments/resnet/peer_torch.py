@@ -1,0 +1,277 @@
+#!/usr/bin/env python3
+"""PyTorch peer of dualcast's ResNet-18 benchmark: validation first, then timing.
+
+    python3 experiments/resnet/peer_torch.py --export DIR --out results/resnet/torch_bench.json \
+        [--batches 128,256] [--methods eager,compile] [--reps 30] [--warmup 10] [--profile METHOD:BATCH]
+
+1. Validation (--export DIR, written by `resnet_train --export DIR`): the same ResNet-18 (CIFAR form,
+   one input channel, PyTorch names) is loaded with dualcast's initial weights and running statistics
+   and run on dualcast's batch in training mode; the loss, every parameter's gradient, the running
+   statistics after the forward pass and the parameters after one SGD step (same lr, momentum, weight
+   decay) are compared with dualcast's. Errors are relative, per tensor: ||torch - dualcast|| /
+   ||dualcast||. Tolerances: loss 1e-4, gradients 2e-3, statistics and parameters 1e-4 (float32
+   through 20 batch norms; a wrong gradient is off by O(1)).
+2. Timing: one training step (zero_grad, forward, cross-entropy, backward, SGD with momentum 0.9 and
+   weight decay 5e-4, foreach) at each batch size, for each method: `eager` (cuDNN, cudnn.benchmark
+   on: algorithms found per shape as dualcast does) and `compile` (torch.compile of the model, default
+   mode; AOTAutograd compiles the backward). fp32 throughout, TF32 off (torch.backends.cuda.matmul
+   .allow_tf32 = False, torch.backends.cudnn.allow_tf32 = False). Each repetition starts from an idle
+   GPU and is timed by CUDA events; `pipelined_ms` is reps back to back over one pair of events.
+   --profile METHOD:BATCH brackets one extra step with cudaProfilerStart/Stop for
+   `ncu --profile-from-start off` (breakdown.py sorts the kernels).
+Writes one JSON record; a method that cannot run (no GPU, no torch) is recorded as skipped.
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+
+
+def build_model(width, in_channels=1, classes=10):
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class BasicBlock(nn.Module):
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(cout)
+            self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+            self.bn2 = nn.BatchNorm2d(cout)
+            self.shortcut = nn.Sequential()
+            if stride != 1 or cin != cout:
+                self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+        def forward(self, x):
+            out = F.relu(self.bn1(self.conv1(x)))
+            out = self.bn2(self.conv2(out))
+            return F.relu(out + self.shortcut(x))
+
+    class ResNet18(nn.Module):
+        def __init__(self):
+            super().__init__()
+            w = width
+            self.conv1 = nn.Conv2d(in_channels, w, 3, 1, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(w)
+            layers, cin = [], w
+            for stage in range(4):
+                cout = w << stage
+                blocks = [BasicBlock(cin, cout, 2 if stage > 0 else 1), BasicBlock(cout, cout, 1)]
+                layers.append(nn.Sequential(*blocks))
+                cin = cout
+            self.layer1, self.layer2, self.layer3, self.layer4 = layers
+            self.fc = nn.Linear(cin, classes)
+
+        def forward(self, x):
+            out = F.relu(self.bn1(self.conv1(x)))
+            out = self.layer4(self.layer3(self.layer2(self.layer1(out))))
+            out = F.adaptive_avg_pool2d(out, 1).flatten(1)
+            return self.fc(out)
+
+    return ResNet18()
+
+
+def set_precision(torch, benchmark):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    torch.backends.cudnn.benchmark = benchmark
+    return "tf32 off; cudnn.benchmark %s" % ("on" if benchmark else "off")
+
+
+def rel_err(a, b):
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def validate(torch, export_dir, device):
+    import torch.nn.functional as F
+
+    with open(os.path.join(export_dir, "manifest.json")) as fh:
+        man = json.load(fh)
+    load = lambda sub, name: np.load(os.path.join(export_dir, sub, name + ".npy"))
+    model = build_model(man["width"]).to(device)
+    state = model.state_dict()
+    for sub, p in [("params", p) for p in man["params"]] + [("buffers", b) for b in man["buffers"]]:
+        arr = load(sub, p["name"])
+        if tuple(state[p["name"]].shape) != arr.shape:
+            raise SystemExit("peer_torch: %s has shape %s in PyTorch but %s in the export"
+                             % (p["name"], tuple(state[p["name"]].shape), arr.shape))
+        state[p["name"]].copy_(torch.from_numpy(arr))
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.momentum, m.eps = man["bn_momentum"], man["bn_eps"]
+    x = torch.from_numpy(np.load(os.path.join(export_dir, "x.npy"))).to(device)
+    y = torch.from_numpy(np.load(os.path.join(export_dir, "y.npy"))).to(device).long()
+    opt = torch.optim.SGD(model.parameters(), lr=man["lr"], momentum=man["momentum"],
+                          weight_decay=man["weight_decay"])
+    model.train()
+    opt.zero_grad(set_to_none=True)
+    loss = F.cross_entropy(model(x), y, label_smoothing=man["label_smoothing"])
+    loss.backward()
+    named = dict(model.named_parameters())
+    buffers = dict(model.named_buffers())
+    rec = {"loss_torch": float(loss.item()), "loss_dualcast": float(man["loss"])}
+    rec["loss_rel_err"] = abs(rec["loss_torch"] - rec["loss_dualcast"]) / abs(rec["loss_dualcast"])
+
+    def worst(pairs):
+        w = max(pairs, key=lambda t: t[1])
+        return {"max_rel_err": w[1], "at": w[0], "n": len(pairs)}
+
+    rec["grads"] = worst([(p["name"], rel_err(named[p["name"]].grad.cpu().numpy(), load("grads", p["name"])))
+                          for p in man["params"]])
+    rec["running_stats"] = worst([(b["name"], rel_err(buffers[b["name"]].cpu().numpy(), load("buffers_after", b["name"])))
+                                  for b in man["buffers"]])
+    opt.step()
+    rec["params_after_step"] = worst([(p["name"], rel_err(named[p["name"]].detach().cpu().numpy(),
+                                                          load("params_after", p["name"])))
+                                      for p in man["params"]])
+    rec["ok"] = bool(rec["loss_rel_err"] <= 1e-4 and rec["grads"]["max_rel_err"] <= 2e-3
+                     and rec["running_stats"]["max_rel_err"] <= 1e-4
+                     and rec["params_after_step"]["max_rel_err"] <= 1e-4)
+    rec["batch"], rec["width"] = man["batch"], man["width"]
+    rec["dualcast_device"], rec["dualcast_conv_backend"] = man.get("device_name"), man.get("conv_backend")
+    return rec
+
+
+def percentile(v, q):
+    return float(np.percentile(np.asarray(v), q))
+
+
+def time_method(torch, method, batch, width, reps, warmup, profile):
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    model = build_model(width).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4, foreach=True)
+    x = torch.randn(batch, 1, 28, 28, device="cuda")
+    y = torch.randint(0, 10, (batch,), device="cuda")
+    fwd = torch.compile(model) if method == "compile" else model
+    model.train()
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(fwd(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    t0 = time.perf_counter()
+    for _ in range(max(warmup, 3 if method == "compile" else 1)):
+        step()
+    torch.cuda.synchronize()
+    warm_s = time.perf_counter() - t0
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    ms = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        start.record()
+        step()
+        end.record()
+        end.synchronize()
+        ms.append(start.elapsed_time(end))
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(reps):
+        loss = step()
+    end.record()
+    end.synchronize()
+    pipelined = start.elapsed_time(end) / reps
+    if profile:
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStart()
+        step()
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStop()
+    med = percentile(ms, 50)
+    rec = {"method": method, "batch": batch, "status": "ok",
+           "step_ms": {"median": med, "p10": percentile(ms, 10), "p90": percentile(ms, 90),
+                       "min": min(ms), "max": max(ms), "n": len(ms)},
+           "pipelined_ms": pipelined, "images_per_s": batch / (med * 1e-3),
+           "images_per_s_pipelined": batch / (pipelined * 1e-3), "warmup": warmup, "reps": reps,
+           "warmup_seconds": warm_s, "loss_after": float(loss.item()), "profiled_step": bool(profile),
+           "peak_memory_bytes": int(torch.cuda.max_memory_allocated())}
+    del fwd, model, opt
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    return rec
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--export", help="directory written by resnet_train --export (validation)")
+    ap.add_argument("--out", required=True, help="JSON file to write")
+    ap.add_argument("--batches", default="128,256")
+    ap.add_argument("--methods", default="eager,compile")
+    ap.add_argument("--width", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--no-cudnn-benchmark", action="store_true", help="heuristic cuDNN algorithms")
+    ap.add_argument("--profile", default="", help="METHOD:BATCH: bracket one step for ncu")
+    ap.add_argument("--time-budget", type=float, default=0, help="seconds; later measurements are skipped")
+    args = ap.parse_args()
+    t_start = time.perf_counter()
+    rec = {"framework": "pytorch", "what": "one ResNet-18 training step (forward, cross-entropy, backward, "
+           "SGD momentum 0.9, weight decay 5e-4), fp32", "input": "[B, 1, 28, 28]", "width": args.width,
+           "results": []}
+    try:
+        import torch
+    except ImportError:
+        rec["status"] = "skipped: torch not installed"
+        json.dump(rec, open(args.out, "w"), indent=1)
+        print("peer_torch: torch not installed; nothing measured")
+        return 0
+    rec["torch_version"] = torch.__version__
+    if not torch.cuda.is_available():
+        rec["status"] = "skipped: no CUDA device"
+        json.dump(rec, open(args.out, "w"), indent=1)
+        print("peer_torch: no CUDA device; nothing measured")
+        return 0
+    rec["precision"] = set_precision(torch, not args.no_cudnn_benchmark)
+    rec["cudnn_version"] = torch.backends.cudnn.version()
+    rec["device_name"] = torch.cuda.get_device_name(0)
+    rc = 0
+    if args.export:
+        v = validate(torch, args.export, "cuda")
+        rec["validation"] = v
+        print("peer_torch: validation %s: loss %.8g (dualcast %.8g, rel %.2e); gradients max rel %.2e (%s); "
+              "running stats %.2e; params after SGD %.2e"
+              % ("PASSED" if v["ok"] else "FAILED", v["loss_torch"], v["loss_dualcast"], v["loss_rel_err"],
+                 v["grads"]["max_rel_err"], v["grads"]["at"], v["running_stats"]["max_rel_err"],
+                 v["params_after_step"]["max_rel_err"]), flush=True)
+        if not v["ok"]:
+            rc = 1
+    profile = args.profile.split(":") if args.profile else None
+    for method in [m for m in args.methods.split(",") if m]:
+        for b in [int(s) for s in args.batches.split(",") if s]:
+            if args.time_budget and time.perf_counter() - t_start > args.time_budget:
+                rec["results"].append({"method": method, "batch": b, "status": "skipped: time budget"})
+                continue
+            try:
+                r = time_method(torch, method, b, args.width, args.reps, args.warmup,
+                                bool(profile and profile[0] == method and int(profile[1]) == b))
+            except Exception as exc:  # a failing method is recorded, the others still run
+                r = {"method": method, "batch": b, "status": "failed: %s" % exc}
+                rc = 1
+            rec["results"].append(r)
+            if r.get("status") == "ok":
+                print("peer_torch: %-8s batch %4d: %8.3f ms (p10 %.3f, p90 %.3f), %8.0f images/s, warm-up %.1f s"
+                      % (method, b, r["step_ms"]["median"], r["step_ms"]["p10"], r["step_ms"]["p90"],
+                         r["images_per_s"], r["warmup_seconds"]), flush=True)
+            else:
+                print("peer_torch: %s batch %d: %s" % (method, b, r["status"]), flush=True)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as fh:
+        json.dump(rec, fh, indent=1)
+    print("peer_torch: wrote %s" % args.out)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

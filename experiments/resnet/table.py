@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""The ResNet-18 step table: dualcast's benchmark records and PyTorch's, side by side.
+
+    python3 experiments/resnet/table.py DUALCAST_bench.json [MORE_bench.json ...] TORCH.json -o table.md
+
+Inputs are `resnet_train --bench ... --out DIR` records (framework dualcast; eager, and captured when
+measured; --fusion composed gives method eager_composed) and one `peer_torch.py --out` record. Prints
+and writes a Markdown table: per batch size and method, the median step time, images/s, and the ratio
+of each method's time to dualcast eager's; then the validation and the issue's targets (batch 256:
+dualcast eager faster than PyTorch eager, within 1.10x of torch.compile).
+"""
+
+import argparse
+import json
+import sys
+
+
+def rows_of(rec):
+    out = []
+    fw = rec.get("framework", "?")
+    for r in rec.get("results", []):
+        if fw == "dualcast":
+            out.append(("dualcast", rec.get("method", "eager"), r["batch"], r["step_ms"]["median"], r))
+            cap = r.get("captured")
+            if isinstance(cap, dict):
+                out.append(("dualcast", "captured", r["batch"], cap["step_ms"]["median"], cap))
+        elif r.get("status") == "ok":
+            out.append((fw, r["method"], r["batch"], r["step_ms"]["median"], r))
+        else:
+            out.append((fw, r.get("method", "?"), r.get("batch", 0), None, r))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("records", nargs="+")
+    ap.add_argument("-o", "--out")
+    args = ap.parse_args()
+    recs = [json.load(open(p)) for p in args.records]
+    rows = [row for rec in recs for row in rows_of(rec)]
+    base = {b: ms for fw, m, b, ms, _ in rows if fw == "dualcast" and m == "eager" and ms}
+    lines = []
+    dev = [r.get("device_name") for r in recs if r.get("device_name")]
+    lines.append("ResNet-18 (CIFAR form, 1x28x28 inputs, fp32, TF32 off) training step on %s"
+                 % (", ".join(sorted(set(dev))) or "?"))
+    lines.append("")
+    lines.append("| batch | framework | method | median ms | images/s | time / dualcast eager |")
+    lines.append("|---:|---|---|---:|---:|---:|")
+    for fw, m, b, ms, r in sorted(rows, key=lambda t: (t[2], t[0] != "dualcast", t[1])):
+        if ms is None:
+            lines.append("| %d | %s | %s | %s | | |" % (b, fw, m, r.get("status", "?")))
+            continue
+        ratio = ("%.2fx" % (ms / base[b])) if b in base else ""
+        lines.append("| %d | %s | %s | %.2f | %.0f | %s |" % (b, fw, m, ms, b / (ms * 1e-3), ratio))
+    for rec in recs:
+        v = rec.get("validation")
+        if v:
+            lines.append("")
+            lines.append("Validation (PyTorch on dualcast's weights and batch, batch %d, width %d): %s; loss rel. "
+                         "error %.1e, gradients max %.1e (%s), running statistics %.1e, parameters after one "
+                         "SGD step %.1e." % (v["batch"], v["width"], "passed" if v["ok"] else "FAILED",
+                                             v["loss_rel_err"], v["grads"]["max_rel_err"], v["grads"]["at"],
+                                             v["running_stats"]["max_rel_err"], v["params_after_step"]["max_rel_err"]))
+    t = {(fw, m, b): ms for fw, m, b, ms, _ in rows if ms}
+    if ("dualcast", "eager", 256) in t:
+        d = t[("dualcast", "eager", 256)]
+        lines.append("")
+        if ("pytorch", "eager", 256) in t:
+            e = t[("pytorch", "eager", 256)]
+            lines.append("Target, batch 256: faster than PyTorch eager: %s (%.2f vs %.2f ms, %.2fx)."
+                         % ("met" if d < e else "MISSED", d, e, e / d))
+        if ("pytorch", "compile", 256) in t:
+            c = t[("pytorch", "compile", 256)]
+            lines.append("Target, batch 256: within 1.10x of torch.compile: %s (%.2fx)."
+                         % ("met" if d <= 1.10 * c else "MISSED", d / c))
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.write(text)
+        print("table.py: wrote %s" % args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+// ops/conv.hpp: 2-D convolution on the tape, NCHW, PyTorch's semantics (cross-correlation, as
+// torch.nn.functional.conv2d), float32 and float64, CPU and CUDA.
+//
+//   x [N, C, H, W], w [O, C / groups, KH, KW]  ->  y [N, O, OH, OW],
+//   OH = (H + 2 * padding.h - dilation.h * (KH - 1) - 1) / stride.h + 1   (likewise OW).
+//
+// A bias is a broadcast add (the conv2d overload with a bias [O] adds reshape(bias, {1, O, 1, 1})).
+//
+// Backends (the fastest available unless set_conv_backend() or the environment says otherwise):
+//  * CUDA with cuDNN (found by the build, which says so): cudnnConvolutionForward / BackwardData /
+//    BackwardFilter with one handle per device on dualcast's stream, descriptors and algorithms
+//    cached per shape (cudnnFind*AlgorithmEx on first use, or the v7 heuristics with
+//    DUALCAST_CUDNN_ALGO=heuristic and always while a stream is being captured), workspace from
+//    dualcast's caching allocator, float32 in CUDNN_FMA_MATH (no TF32 rounding: fp32 stays fp32).
+//  * otherwise ("gemm"): im2col of a chunk of the batch into a column matrix, then GEMMs (cuBLAS on
+//    the GPU, the CPU BLAS on the host), per group; the input gradient is gathered back from the
+//    column gradient (each input element sums the columns that read it: no atomics, deterministic);
+//    the weight gradient is one GEMM per chunk and group. im2col and col2im run on dualcast's thread
+//    pool; BLAS calls are made outside it, so OpenBLAS's own threads never compete with the pool.
+// The environment variable DUALCAST_CONV=gemm (or cudnn) sets the starting backend, so the fallback
+// can be tested where cuDNN exists.
+//
+// Bad input is a dualcast::Error naming conv2d and the shapes: x or w not 4-D, a channel or group
+// mismatch, stride or dilation < 1, padding < 0, a (dilated) kernel larger than the padded input.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "dualcast/shape.hpp"
+#include "dualcast/tape.hpp"
+#include "dualcast/tensor.hpp"
+
+namespace dualcast {
+
+/// A (height, width) pair; one number means both.
+struct Size2 {
+  std::int64_t h = 0;
+  std::int64_t w = 0;
+  constexpr Size2() = default;
+  constexpr Size2(std::int64_t v) : h(v), w(v) {}  // NOLINT(google-explicit-constructor)
+  constexpr Size2(std::int64_t h_, std::int64_t w_) : h(h_), w(w_) {}
+  [[nodiscard]] std::string str() const;
+  friend constexpr bool operator==(const Size2& a, const Size2& b) { return a.h == b.h && a.w == b.w; }
+};
+
+/// conv2d's geometry, e.g. Conv2dOptions{.stride = 2, .padding = 1} or {.groups = C} (depthwise).
+struct Conv2dOptions {
+  Size2 stride{1};
+  Size2 padding{0};
+  Size2 dilation{1};
+  std::int64_t groups = 1;
+};
+
+/// y = conv2d(x, w): see the top of this header.
+Var conv2d(const Var& x, const Var& w, const Conv2dOptions& options = {});
+/// conv2d(x, w) + bias viewed as [1, O, 1, 1] (a broadcast add).
+Var conv2d(const Var& x, const Var& w, const Var& bias, const Conv2dOptions& options = {});
+/// The same convolution of Tensors, recording nothing.
+Tensor conv2d(const Tensor& x, const Tensor& w, const Conv2dOptions& options = {});
+
+/// The output shape of conv2d for these shapes (checks them as conv2d does).
+Shape conv2d_output_shape(const Shape& x, const Shape& w, const Conv2dOptions& options = {});
+
+/// Which implementation GPU convolutions use (the CPU always uses im2col + GEMM).
+enum class ConvBackend {
+  automatic,  ///< cuDNN when the build found it, else gemm
+  cudnn,      ///< cuDNN (an Error at the first GPU convolution when the build has none)
+  gemm,       ///< dualcast's im2col + cuBLAS GEMM
+};
+/// Sets the backend for later convolutions (process-wide). The starting value comes from the
+/// environment variable DUALCAST_CONV (cudnn, gemm or auto), else automatic.
+void set_conv_backend(ConvBackend backend);
+[[nodiscard]] ConvBackend conv_backend();
+/// Whether this dualcast was built with cuDNN.
+[[nodiscard]] bool cudnn_available();
+/// What convolutions on `device` run on, for reports: "cuDNN 9.14.0 (algorithms: find)",
+/// "im2col + cuBLAS GEMM", "im2col + CPU BLAS GEMM".
+[[nodiscard]] std::string conv_backend_name(Device device);
+
+}  // namespace dualcast

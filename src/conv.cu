@@ -1,0 +1,502 @@
+// conv.cu: conv2d on the tape: argument checks, the backend choice, the tape node, and the im2col +
+// GEMM implementation that the CPU always uses and CUDA devices use without cuDNN (or with
+// DUALCAST_CONV=gemm). The cuDNN backend is conv_cudnn.cpp.
+//
+// im2col + GEMM, for a chunk of nb samples starting at b0 (chunks bound the buffers), with one GEMM
+// per group over all nb * OH * OW columns (a GEMM per sample would be too small to run well):
+//   cols [C*KH*KW, nb*OH*OW]: row (c, kh, kw), column (b, oh, ow) holds x[b0+b, c, ih, iw] or 0
+//   rows [O, nb*OH*OW]: the chunk's output (or output gradient) with the channel outermost
+//   forward   rows[g] = W[g] [Og, Cg*KH*KW] x cols[g], scattered to y (NCHW)
+//   dw        dW[g] += rows[g] x cols[g]^T, with rows = dy of the chunk
+//   dx        dcols[g] = W[g]^T x rows[g]; dx gathers every column entry that read it (col2im)
+// Row (c, kh, kw) with c = g * Cg + j puts each group's rows in one contiguous block of cols. On the
+// CPU, im2col, col2im and the row copies run per plane on dualcast's thread pool with contiguous
+// inner loops; the BLAS calls are made outside the pool.
+#include "dualcast/ops/conv.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "blas.hpp"
+#include "conv_impl.hpp"
+#include "dualcast/error.hpp"
+#include "dualcast/ops/elementwise.hpp"
+#include "dualcast/ops/reduce.hpp"
+#include "dualcast/ops/shape.hpp"
+#include "dualcast/parallel.hpp"
+
+namespace dualcast {
+
+std::string Size2::str() const { return detail::concat("(", h, ", ", w, ")"); }
+
+namespace conv_detail {
+namespace {
+
+using detail::ConvGeometry;
+
+// ---- backend choice -----------------------------------------------------------------------------
+
+ConvBackend backend_from_env() {
+  const char* env = std::getenv("DUALCAST_CONV");
+  if (env && std::strcmp(env, "gemm") == 0) return ConvBackend::gemm;
+  if (env && std::strcmp(env, "cudnn") == 0) return ConvBackend::cudnn;
+  return ConvBackend::automatic;
+}
+
+std::atomic<int>& backend_state() {
+  static std::atomic<int> state{static_cast<int>(backend_from_env())};
+  return state;
+}
+
+bool use_cudnn(Device device) {
+  if (device.is_cpu()) return false;
+  switch (conv_backend()) {
+    case ConvBackend::gemm: return false;
+    case ConvBackend::cudnn: return true;  // an Error at the call when the build has no cuDNN
+    default: return detail::cudnn_compiled();
+  }
+}
+
+// ---- checks -------------------------------------------------------------------------------------
+
+ConvGeometry geometry_of(const Shape& xs, const Shape& ws, const Conv2dOptions& o) {
+  const std::string shapes = detail::concat(" (x ", xs.str(), ", w ", ws.str(), ")");
+  DUALCAST_CHECK(xs.rank() == 4, "conv2d: x must be a 4-D [N, C, H, W] tensor, got shape ", xs.str(),
+                 " (rank ", xs.rank(), ") with w ", ws.str());
+  DUALCAST_CHECK(ws.rank() == 4, "conv2d: w must be a 4-D [O, C/groups, KH, KW] tensor, got shape ",
+                 ws.str(), " (rank ", ws.rank(), ") with x ", xs.str());
+  DUALCAST_CHECK(o.groups >= 1, "conv2d: groups = ", o.groups, " must be >= 1", shapes);
+  DUALCAST_CHECK(o.stride.h >= 1 && o.stride.w >= 1, "conv2d: stride ", o.stride.str(),
+                 " must be >= 1 in both dimensions", shapes);
+  DUALCAST_CHECK(o.dilation.h >= 1 && o.dilation.w >= 1, "conv2d: dilation ", o.dilation.str(),
+                 " must be >= 1 in both dimensions", shapes);
+  DUALCAST_CHECK(o.padding.h >= 0 && o.padding.w >= 0, "conv2d: padding ", o.padding.str(),
+                 " must be >= 0 in both dimensions", shapes);
+  ConvGeometry g;
+  g.N = xs[0];
+  g.C = xs[1];
+  g.H = xs[2];
+  g.W = xs[3];
+  g.O = ws[0];
+  g.KH = ws[2];
+  g.KW = ws[3];
+  g.sh = o.stride.h;
+  g.sw = o.stride.w;
+  g.ph = o.padding.h;
+  g.pw = o.padding.w;
+  g.dh = o.dilation.h;
+  g.dw = o.dilation.w;
+  g.groups = o.groups;
+  DUALCAST_CHECK(g.C >= 1 && g.O >= 1 && g.KH >= 1 && g.KW >= 1 && ws[1] >= 1,
+                 "conv2d: empty channel or kernel dimension", shapes);
+  DUALCAST_CHECK(g.C % g.groups == 0, "conv2d: group mismatch: x has C = ", g.C,
+                 " channels, which groups = ", g.groups, " does not divide", shapes);
+  DUALCAST_CHECK(g.O % g.groups == 0, "conv2d: group mismatch: w has O = ", g.O,
+                 " output channels, which groups = ", g.groups, " does not divide", shapes);
+  DUALCAST_CHECK(ws[1] * g.groups == g.C, "conv2d: channel mismatch: x has C = ", g.C,
+                 " channels but w expects C/groups = ", ws[1], " per group x groups = ", g.groups,
+                 " = ", ws[1] * g.groups, shapes);
+  const std::int64_t eh = g.dh * (g.KH - 1) + 1, ew = g.dw * (g.KW - 1) + 1;
+  DUALCAST_CHECK(eh <= g.H + 2 * g.ph && ew <= g.W + 2 * g.pw, "conv2d: the kernel ", g.KH, "x",
+                 g.KW, " (dilation ", o.dilation.str(), ": ", eh, "x", ew,
+                 ") is larger than the padded input ", g.H + 2 * g.ph, "x", g.W + 2 * g.pw,
+                 " (padding ", o.padding.str(), ")", shapes);
+  g.OH = (g.H + 2 * g.ph - eh) / g.sh + 1;
+  g.OW = (g.W + 2 * g.pw - ew) / g.sw + 1;
+  return g;
+}
+
+ConvGeometry check_conv(const Tensor& x, const Tensor& w, const Conv2dOptions& o) {
+  check_defined(x, "conv2d", "x");
+  check_defined(w, "conv2d", "w");
+  const ConvGeometry g = geometry_of(x.shape(), w.shape(), o);
+  check_same_device_dtype("conv2d", "x", x, "w", w);
+  DUALCAST_CHECK(is_floating(x.dtype()), "conv2d: unsupported dtype ", dtype_name(x.dtype()),
+                 " (x ", x.shape().str(), ", w ", w.shape().str(), "; expected float32 or float64)");
+  return g;
+}
+
+// ---- im2col + GEMM ------------------------------------------------------------------------------
+
+DUALCAST_HD DUALCAST_INLINE std::int64_t div64(std::int64_t a, std::int64_t b) {
+  if (a < 0x7fffffff && b < 0x7fffffff)
+    return static_cast<std::int64_t>(static_cast<std::uint32_t>(a) / static_cast<std::uint32_t>(b));
+  return a / b;
+}
+
+/// cols[row, col] for the chunk [b0, b0 + nb): row (c, kh, kw), col (b, oh, ow).
+template <class T>
+struct Im2col {
+  const T* x;
+  T* cols;
+  ConvGeometry g;
+  std::int64_t b0, nb;
+  DUALCAST_HD void operator()(std::int64_t i) const {
+    const std::int64_t L = nb * g.OH * g.OW;
+    const std::int64_t row = div64(i, L), col = i - row * L;
+    const std::int64_t b = div64(col, g.OH * g.OW), p = col - b * g.OH * g.OW;
+    const std::int64_t oh = div64(p, g.OW), ow = p - oh * g.OW;
+    const std::int64_t t = div64(row, g.KW), kw = row - t * g.KW;
+    const std::int64_t c = div64(t, g.KH), kh = t - c * g.KH;
+    const std::int64_t ih = oh * g.sh - g.ph + kh * g.dh, iw = ow * g.sw - g.pw + kw * g.dw;
+    cols[i] = (ih >= 0 && ih < g.H && iw >= 0 && iw < g.W)
+                  ? x[((b0 + b) * g.C + c) * g.H * g.W + ih * g.W + iw]
+                  : T(0);
+  }
+};
+
+/// dx[b0 + b, c, ih, iw] (+)= the sum of every column entry that im2col filled from it.
+template <class T>
+struct Col2im {
+  const T* dcols;
+  T* dx;
+  ConvGeometry g;
+  std::int64_t b0, nb;
+  bool accumulate;
+  DUALCAST_HD void operator()(std::int64_t i) const {
+    const std::int64_t t1 = div64(i, g.W), iw = i - t1 * g.W;
+    const std::int64_t t2 = div64(t1, g.H), ih = t1 - t2 * g.H;
+    const std::int64_t b = div64(t2, g.C), c = t2 - b * g.C;
+    const std::int64_t L = nb * g.OH * g.OW;
+    T acc = T(0);
+    for (std::int64_t kh = 0; kh < g.KH; ++kh) {
+      const std::int64_t th = ih + g.ph - kh * g.dh;
+      if (th < 0) break;  // th only falls as kh grows
+      const std::int64_t oh = div64(th, g.sh);
+      if (oh * g.sh != th || oh >= g.OH) continue;
+      for (std::int64_t kw = 0; kw < g.KW; ++kw) {
+        const std::int64_t tw = iw + g.pw - kw * g.dw;
+        if (tw < 0) break;
+        const std::int64_t ow = div64(tw, g.sw);
+        if (ow * g.sw != tw || ow >= g.OW) continue;
+        acc += dcols[((c * g.KH + kh) * g.KW + kw) * L + b * g.OH * g.OW + oh * g.OW + ow];
+      }
+    }
+    const std::int64_t idx = ((b0 + b) * g.C + c) * g.H * g.W + ih * g.W + iw;
+    dx[idx] = (accumulate ? dx[idx] : T(0)) + acc;
+  }
+};
+
+/// Between the chunk's NCHW output [nb, O, OHW] (at sample b0) and the GEMM's [O, nb * OHW]:
+/// to_rows copies dy into rows, otherwise rows are scattered back into y. One element per index (GPU).
+template <class T>
+struct OutputRows {
+  T* nchw;
+  T* rows;
+  std::int64_t O, OHW, b0, nb;
+  bool to_rows;
+  DUALCAST_HD void operator()(std::int64_t i) const {
+    const std::int64_t L = nb * OHW;
+    const std::int64_t o = div64(i, L), r = i - o * L;
+    const std::int64_t b = div64(r, OHW), p = r - b * OHW;
+    T& a = nchw[((b0 + b) * O + o) * OHW + p];
+    if (to_rows) rows[i] = a;
+    else a = rows[i];
+  }
+};
+
+/// The same on the CPU: task (b, o) copies one contiguous run of OHW.
+template <class T>
+struct OutputRowsPlanes {
+  T* nchw;
+  T* rows;
+  std::int64_t O, OHW, b0, nb;
+  bool to_rows;
+  void operator()(std::int64_t task) const {
+    const std::int64_t b = task / O, o = task - b * O;
+    T* a = nchw + ((b0 + b) * O + o) * OHW;
+    T* r = rows + o * nb * OHW + b * OHW;
+    if (to_rows) std::copy(a, a + OHW, r);
+    else std::copy(r, r + OHW, a);
+  }
+};
+
+/// The CPU's im2col: task (c, b) fills the KH*KW rows of channel c for sample b, a row segment of
+/// OH*OW at a time with the index arithmetic hoisted out of the inner loop (the per-element form
+/// above spends its time dividing).
+template <class T>
+struct Im2colPlanes {
+  const T* x;
+  T* cols;
+  ConvGeometry g;
+  std::int64_t b0, nb;
+  void operator()(std::int64_t task) const {
+    const std::int64_t c = task / nb, b = task - c * nb;
+    const std::int64_t L = nb * g.OH * g.OW;
+    const T* plane = x + ((b0 + b) * g.C + c) * g.H * g.W;
+    for (std::int64_t kh = 0; kh < g.KH; ++kh)
+      for (std::int64_t kw = 0; kw < g.KW; ++kw) {
+        T* row = cols + ((c * g.KH + kh) * g.KW + kw) * L + b * g.OH * g.OW;
+        for (std::int64_t oh = 0; oh < g.OH; ++oh) {
+          const std::int64_t ih = oh * g.sh - g.ph + kh * g.dh;
+          T* out = row + oh * g.OW;
+          if (ih < 0 || ih >= g.H) {
+            for (std::int64_t ow = 0; ow < g.OW; ++ow) out[ow] = T(0);
+            continue;
+          }
+          const T* in = plane + ih * g.W;
+          const std::int64_t shift = kw * g.dw - g.pw;
+          for (std::int64_t ow = 0; ow < g.OW; ++ow) {
+            const std::int64_t iw = ow * g.sw + shift;
+            out[ow] = (iw >= 0 && iw < g.W) ? in[iw] : T(0);
+          }
+        }
+      }
+  }
+};
+
+/// The CPU's col2im: task (b, c) owns the plane dx[b0 + b, c] and adds the columns of its KH*KW rows
+/// into it (no other task writes that plane).
+template <class T>
+struct Col2imPlanes {
+  const T* dcols;
+  T* dx;
+  ConvGeometry g;
+  std::int64_t b0, nb;
+  bool accumulate;
+  void operator()(std::int64_t task) const {
+    const std::int64_t b = task / g.C, c = task - b * g.C;
+    const std::int64_t L = nb * g.OH * g.OW;
+    T* plane = dx + ((b0 + b) * g.C + c) * g.H * g.W;
+    if (!accumulate)
+      for (std::int64_t i = 0; i < g.H * g.W; ++i) plane[i] = T(0);
+    for (std::int64_t kh = 0; kh < g.KH; ++kh)
+      for (std::int64_t kw = 0; kw < g.KW; ++kw) {
+        const T* row = dcols + ((c * g.KH + kh) * g.KW + kw) * L + b * g.OH * g.OW;
+        for (std::int64_t oh = 0; oh < g.OH; ++oh) {
+          const std::int64_t ih = oh * g.sh - g.ph + kh * g.dh;
+          if (ih < 0 || ih >= g.H) continue;
+          const T* in = row + oh * g.OW;
+          T* out = plane + ih * g.W;
+          const std::int64_t shift = kw * g.dw - g.pw;
+          for (std::int64_t ow = 0; ow < g.OW; ++ow) {
+            const std::int64_t iw = ow * g.sw + shift;
+            if (iw >= 0 && iw < g.W) out[iw] += in[ow];
+          }
+        }
+      }
+  }
+};
+
+template <class Body>
+void run_tasks(const void* ctx, std::int64_t begin, std::int64_t end) {
+  const Body& body = *static_cast<const Body*>(ctx);
+  for (std::int64_t t = begin; t < end; ++t) body(t);
+}
+
+template <class T>
+void im2col(Device d, const T* x, T* cols, const ConvGeometry& g, std::int64_t b0, std::int64_t nb) {
+  if (d.is_cpu()) {
+    const Im2colPlanes<T> body{x, cols, g, b0, nb};
+    detail::cpu_parallel_range(g.C * nb, 1, &run_tasks<Im2colPlanes<T>>, &body);
+  } else {
+    parallel_for(d, g.C * g.KH * g.KW * nb * g.OHW(), Im2col<T>{x, cols, g, b0, nb});
+  }
+}
+
+template <class T>
+void col2im(Device d, const T* dcols, T* dx, const ConvGeometry& g, std::int64_t b0, std::int64_t nb,
+            bool accumulate) {
+  if (d.is_cpu()) {
+    const Col2imPlanes<T> body{dcols, dx, g, b0, nb, accumulate};
+    detail::cpu_parallel_range(nb * g.C, 1, &run_tasks<Col2imPlanes<T>>, &body);
+  } else {
+    parallel_for(d, nb * g.C * g.HW(), Col2im<T>{dcols, dx, g, b0, nb, accumulate});
+  }
+}
+
+/// Samples per chunk: the column buffer stays under a budget (32M elements on a GPU, 4M on the CPU).
+std::int64_t chunk_samples(Device d, const ConvGeometry& g) {
+  const std::int64_t budget = d.is_cuda() ? (std::int64_t(1) << 25) : (std::int64_t(1) << 22);
+  const std::int64_t per_sample = std::max<std::int64_t>(1, g.C * g.KH * g.KW * g.OHW());
+  return std::clamp<std::int64_t>(budget / per_sample, 1, std::max<std::int64_t>(g.N, 1));
+}
+
+template <class T>
+void output_rows(Device d, T* nchw, T* rows, const ConvGeometry& g, std::int64_t b0, std::int64_t nb,
+                 bool to_rows) {
+  if (d.is_cpu()) {
+    const OutputRowsPlanes<T> body{nchw, rows, g.O, g.OHW(), b0, nb, to_rows};
+    detail::cpu_parallel_range(nb * g.O, 1, &run_tasks<OutputRowsPlanes<T>>, &body);
+  } else {
+    parallel_for(d, g.O * nb * g.OHW(), OutputRows<T>{nchw, rows, g.O, g.OHW(), b0, nb, to_rows});
+  }
+}
+
+/// Per chunk: cols = im2col(x); rows[g] = W[g] cols[g] (one GEMM per group over all nb*OHW columns);
+/// y = rows scattered back to NCHW.
+template <class T>
+void gemm_forward(Device d, const ConvGeometry& g, const T* x, const T* w, T* y) {
+  const std::int64_t nbmax = chunk_samples(d, g);
+  const std::int64_t CKK = g.C * g.KH * g.KW, OHW = g.OHW(), Og = g.Og(), CgKK = g.CgKK();
+  Tensor cols = Tensor::empty(Shape{CKK * nbmax * OHW}, dtype_of<T>(), d);
+  Tensor rows = Tensor::empty(Shape{g.O * nbmax * OHW}, dtype_of<T>(), d);
+  T* cp = cols.data<T>();
+  T* rp = rows.data<T>();
+  for (std::int64_t b0 = 0; b0 < g.N; b0 += nbmax) {
+    const std::int64_t nb = std::min(nbmax, g.N - b0), L = nb * OHW;
+    im2col<T>(d, x, cp, g, b0, nb);
+    for (std::int64_t grp = 0; grp < g.groups; ++grp)
+      detail::gemm(d, dtype_of<T>(), false, false, Og, L, CgKK, 1.0, w + grp * Og * CgKK, CgKK, 0,
+                   cp + grp * CgKK * L, L, 0, 0.0, rp + grp * Og * L, L, 0, 1);
+    output_rows<T>(d, y, rp, g, b0, nb, /*to_rows=*/false);
+  }
+}
+
+/// Per chunk: rows = dy as [O, nb*OHW]; dW[g] (+)= rows[g] cols[g]^T with cols = im2col(x);
+/// dcols[g] = W[g]^T rows[g], gathered into dx. dx or dw may be null (not needed).
+template <class T>
+void gemm_backward(Device d, const ConvGeometry& g, const T* x, const T* w, T* dy, T* dx, bool accumulate,
+                   T* dw) {
+  const std::int64_t nbmax = chunk_samples(d, g);
+  const std::int64_t CKK = g.C * g.KH * g.KW, OHW = g.OHW(), Og = g.Og(), CgKK = g.CgKK();
+  Tensor cols = Tensor::empty(Shape{CKK * nbmax * OHW}, dtype_of<T>(), d);
+  Tensor rows = Tensor::empty(Shape{g.O * nbmax * OHW}, dtype_of<T>(), d);
+  T* cp = cols.data<T>();
+  T* rp = rows.data<T>();
+  for (std::int64_t b0 = 0; b0 < g.N; b0 += nbmax) {
+    const std::int64_t nb = std::min(nbmax, g.N - b0), L = nb * OHW;
+    output_rows<T>(d, dy, rp, g, b0, nb, /*to_rows=*/true);
+    if (dw) {
+      im2col<T>(d, x, cp, g, b0, nb);
+      for (std::int64_t grp = 0; grp < g.groups; ++grp)
+        detail::gemm(d, dtype_of<T>(), false, true, Og, CgKK, L, 1.0, rp + grp * Og * L, L, 0,
+                     cp + grp * CgKK * L, L, 0, b0 == 0 ? 0.0 : 1.0, dw + grp * Og * CgKK, CgKK, 0, 1);
+    }
+    if (dx) {
+      for (std::int64_t grp = 0; grp < g.groups; ++grp)
+        detail::gemm(d, dtype_of<T>(), true, false, CgKK, L, Og, 1.0, w + grp * Og * CgKK, CgKK, 0,
+                     rp + grp * Og * L, L, 0, 0.0, cp + grp * CgKK * L, L, 0, 1);
+      col2im<T>(d, cp, dx, g, b0, nb, accumulate);
+    }
+  }
+}
+
+// ---- the three directions, dispatched -------------------------------------------------------------
+
+void forward(const ConvGeometry& g, const Tensor& x, const Tensor& w, Tensor& y) {
+  if (y.numel() == 0) return;
+  const Device d = x.device();
+  if (use_cudnn(d)) {
+    detail::cudnn_conv_forward(d, x.dtype(), g, x.raw_data(), w.raw_data(), y.raw_data());
+    return;
+  }
+  dispatch_floating(x.dtype(), "conv2d", [&](auto tag) {
+    using T = decltype(tag);
+    gemm_forward<T>(d, g, x.data<T>(), w.data<T>(), y.data<T>());
+  });
+}
+
+/// dx (+)= and dw = the gradients of one convolution; an undefined dx or dw is not computed.
+void conv_backward(const ConvGeometry& g, const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx,
+              bool accumulate, Tensor* dw) {
+  const Device d = dy.device();
+  if (dw && g.N == 0) dw->fill_(0.0);
+  if (g.N == 0) return;
+  if (use_cudnn(d)) {
+    if (dx)
+      detail::cudnn_conv_backward_data(d, dy.dtype(), g, w.raw_data(), dy.raw_data(), dx->raw_data(),
+                                       accumulate);
+    if (dw) detail::cudnn_conv_backward_filter(d, dy.dtype(), g, x.raw_data(), dy.raw_data(), dw->raw_data());
+    return;
+  }
+  dispatch_floating(dy.dtype(), "conv2d backward", [&](auto tag) {
+    using T = decltype(tag);
+    gemm_backward<T>(d, g, dw ? x.data<T>() : nullptr, dx ? w.data<T>() : nullptr, dy.data<T>(),
+                     dx ? dx->data<T>() : nullptr, accumulate, dw ? dw->data<T>() : nullptr);
+  });
+}
+
+class Conv2dNode final : public Node {
+ public:
+  explicit Conv2dNode(const ConvGeometry& g) : g_(g) {}
+  [[nodiscard]] const char* name() const override { return "conv2d"; }
+  void release_saved() override {
+    x_ = Tensor();
+    w_ = Tensor();
+  }
+  void backward(const std::vector<Tensor>& grad_outputs) override {
+    if (!grad_outputs[0].defined()) return;
+    const Tensor dy = detail::contiguous_copy(grad_outputs[0]);
+    // The input's gradient is written in place when it already holds one of its own (a residual
+    // input whose other consumer ran first): cuDNN adds with beta = 1, col2im adds as it gathers.
+    VarState* in = inputs[0].get();
+    const bool accumulate = in && in->grad.defined() && in->grad_owned;
+    Tensor dx, dw;
+    if (in) dx = accumulate ? in->grad : Tensor::empty(Shape{g_.N, g_.C, g_.H, g_.W}, dy.dtype(), dy.device());
+    if (inputs[1]) dw = Tensor::empty(Shape{g_.O, g_.Cg(), g_.KH, g_.KW}, dy.dtype(), dy.device());
+    conv_backward(g_, x_, w_, dy, in ? &dx : nullptr, accumulate, inputs[1] ? &dw : nullptr);
+    if (in && !accumulate) detail::accumulate_grad(*in, std::move(dx), /*owned=*/true);
+    if (inputs[1]) detail::accumulate_grad(*inputs[1], std::move(dw), /*owned=*/true);
+  }
+
+  Tensor x_;  ///< kept when w needs a gradient
+  Tensor w_;  ///< kept when x needs a gradient
+
+ private:
+  ConvGeometry g_;
+};
+
+}  // namespace
+}  // namespace conv_detail
+
+void set_conv_backend(ConvBackend backend) {
+  conv_detail::backend_state().store(static_cast<int>(backend));
+}
+ConvBackend conv_backend() { return static_cast<ConvBackend>(conv_detail::backend_state().load()); }
+bool cudnn_available() { return detail::cudnn_compiled(); }
+
+std::string conv_backend_name(Device device) {
+  if (device.is_cpu()) return "im2col + CPU BLAS GEMM";
+  if (conv_detail::use_cudnn(device)) {
+    if (!detail::cudnn_compiled()) return "cuDNN (not in this build: convolutions fail)";
+    return detail::concat("cuDNN ", detail::cudnn_version_string(), " (algorithms: ",
+                          detail::cudnn_algo_search_name(), ")");
+  }
+  return "im2col + cuBLAS GEMM";
+}
+
+Shape conv2d_output_shape(const Shape& x, const Shape& w, const Conv2dOptions& options) {
+  const detail::ConvGeometry g = conv_detail::geometry_of(x, w, options);
+  return Shape{g.N, g.O, g.OH, g.OW};
+}
+
+Tensor conv2d(const Tensor& x, const Tensor& w, const Conv2dOptions& options) {
+  const detail::ConvGeometry g = conv_detail::check_conv(x, w, options);
+  const Tensor xc = detail::contiguous_copy(x), wc = detail::contiguous_copy(w);
+  Tensor y = Tensor::empty(Shape{g.N, g.O, g.OH, g.OW}, x.dtype(), x.device());
+  conv_detail::forward(g, xc, wc, y);
+  return y;
+}
+
+Var conv2d(const Var& x, const Var& w, const Conv2dOptions& options) {
+  DUALCAST_CHECK(x.defined() && w.defined(), "conv2d: argument '", x.defined() ? "w" : "x",
+                 "' is an undefined Var");
+  const detail::ConvGeometry g = conv_detail::check_conv(x.value(), w.value(), options);
+  const Tensor xc = detail::contiguous_copy(x.value()), wc = detail::contiguous_copy(w.value());
+  Tensor y = Tensor::empty(Shape{g.N, g.O, g.OH, g.OW}, xc.dtype(), xc.device());
+  conv_detail::forward(g, xc, wc, y);
+  std::shared_ptr<conv_detail::Conv2dNode> node;
+  if (detail::any_requires_grad({x, w})) {
+    node = std::make_shared<conv_detail::Conv2dNode>(g);
+    if (w.requires_grad()) node->x_ = xc;
+    if (x.requires_grad()) node->w_ = wc;
+  }
+  return detail::record1(std::move(node), {x, w}, std::move(y));
+}
+
+Var conv2d(const Var& x, const Var& w, const Var& bias, const Conv2dOptions& options) {
+  DUALCAST_CHECK(bias.defined(), "conv2d: argument 'bias' is an undefined Var");
+  Var y = conv2d(x, w, options);
+  const std::int64_t O = y.shape()[1];
+  DUALCAST_CHECK(bias.shape().rank() == 1 && bias.shape()[0] == O, "conv2d: bias has shape ",
+                 bias.shape().str(), " but w ", w.shape().str(), " has O = ", O,
+                 " output channels (expected [", O, "])");
+  return y + reshape(bias, {1, O, 1, 1});
+}
+
+}  // namespace dualcast

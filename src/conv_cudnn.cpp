@@ -1,0 +1,363 @@
+// conv_cudnn.cpp: the cuDNN backend of conv2d (legacy convolution API, which cuDNN 8 and 9 both have).
+//
+// One cuDNN handle per device, created on first use and bound to dualcast's stream (like cuBLAS: every
+// kernel, copy and library call on a device is ordered on one stream, so the caching allocator may
+// reuse a block as soon as it is released). One plan per distinct convolution (geometry, dtype,
+// device): its descriptors, and for each direction the algorithm and workspace size, chosen on first
+// use and kept for the life of the process. Choosing: cudnnFind*AlgorithmEx times every algorithm on
+// the real buffers (default; DUALCAST_CUDNN_ALGO=heuristic uses the v7 heuristics instead, and a
+// search while the stream is being captured into a CUDA graph always does, since Find synchronises).
+// Float32 runs in CUDNN_FMA_MATH: cuDNN's default math would allow TF32 tensor cores, whose 10-bit
+// mantissa is not fp32. Workspaces come from dualcast's caching allocator, stream-ordered, so a step
+// allocates nothing new once the cache is warm.
+#include "conv_impl.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "dualcast/error.hpp"
+#include "dualcast/tensor.hpp"
+
+#if DUALCAST_WITH_CUDA && defined(DUALCAST_WITH_CUDNN)
+#include <cuda_runtime_api.h>
+#include <cudnn.h>
+
+#include "dualcast/stream.hpp"
+#endif
+
+namespace dualcast::detail {
+
+bool operator<(const ConvGeometry& a, const ConvGeometry& b) {
+  const auto key = [](const ConvGeometry& g) {
+    return std::make_tuple(g.N, g.C, g.H, g.W, g.O, g.KH, g.KW, g.OH, g.OW, g.sh, g.sw, g.ph, g.pw,
+                           g.dh, g.dw, g.groups);
+  };
+  return key(a) < key(b);
+}
+
+namespace {
+std::atomic<int> g_searches{0};
+
+/// "find" (default) or "heuristic", from DUALCAST_CUDNN_ALGO.
+bool use_find() {
+  static const bool find = [] {
+    const char* env = std::getenv("DUALCAST_CUDNN_ALGO");
+    return !(env && std::strcmp(env, "heuristic") == 0);
+  }();
+  return find;
+}
+}  // namespace
+
+int cudnn_algorithm_searches() { return g_searches.load(); }
+const char* cudnn_algo_search_name() { return use_find() ? "find" : "heuristic"; }
+
+#if DUALCAST_WITH_CUDA && defined(DUALCAST_WITH_CUDNN)
+
+#define DUALCAST_CUDNN_CHECK(expr)                                                              \
+  do {                                                                                          \
+    const cudnnStatus_t dualcast_cudnn_status_ = (expr);                                        \
+    if (dualcast_cudnn_status_ != CUDNN_STATUS_SUCCESS)                                         \
+      ::dualcast::detail::throw_error(__FILE__, __LINE__,                                       \
+                                      ::dualcast::detail::concat("cuDNN error: ", #expr, ": ",  \
+                                                                 cudnnGetErrorString(           \
+                                                                     dualcast_cudnn_status_))); \
+  } while (0)
+
+bool cudnn_compiled() { return true; }
+
+std::string cudnn_version_string() {
+  // cuDNN 9 encodes major*10000 + minor*100 + patch (91400 is 9.14.0); cuDNN 8 major*1000 + minor*100.
+  const std::size_t v = cudnnGetVersion();
+  const bool v9 = v >= 90000;
+  const std::size_t major = v9 ? v / 10000 : v / 1000;
+  const std::size_t minor = v9 ? (v / 100) % 100 : (v / 100) % 10, patch = v % 100;
+  return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch);
+}
+
+namespace {
+
+constexpr int kMaxDevices = 64;
+/// The most workspace any algorithm may use (Find is handed this much, when free).
+constexpr std::size_t kMaxWorkspace = std::size_t(1) << 30;
+
+cudnnHandle_t handle(Device device) {
+  static std::once_flag once[kMaxDevices];
+  static cudnnHandle_t handles[kMaxDevices] = {};
+  DUALCAST_CHECK(device.index >= 0 && device.index < kMaxDevices, "conv2d: device index ",
+                 device.index, " out of range");
+  std::call_once(once[device.index], [&] {
+    DeviceGuard guard(device);
+    cudnnHandle_t h = nullptr;
+    DUALCAST_CUDNN_CHECK(cudnnCreate(&h));
+    DUALCAST_CUDNN_CHECK(cudnnSetStream(h, stream(device)));
+    handles[device.index] = h;
+  });
+  return handles[device.index];
+}
+
+int as_int(std::int64_t v, const char* what) {
+  DUALCAST_CHECK(v >= 0 && v <= 0x7fffffff, "conv2d: ", what, " = ", v,
+                 " exceeds the 32-bit range of cuDNN's 4-D descriptors");
+  return static_cast<int>(v);
+}
+
+struct Plan {
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr;
+  cudnnFilterDescriptor_t w = nullptr;
+  cudnnConvolutionDescriptor_t conv = nullptr;
+  cudnnDataType_t type = CUDNN_DATA_FLOAT;
+  bool fwd_ready = false, data_ready = false, filter_ready = false;
+  cudnnConvolutionFwdAlgo_t fwd{};
+  cudnnConvolutionBwdDataAlgo_t data{};
+  cudnnConvolutionBwdFilterAlgo_t filter{};
+  std::size_t fwd_ws = 0, data_ws = 0, filter_ws = 0;
+  std::mutex mutex;  // guards the lazy algorithm choice
+};
+
+Plan& plan_for(Device device, DType dtype, const ConvGeometry& g) {
+  static std::mutex mutex;
+  static std::map<std::tuple<int, int, ConvGeometry>, std::unique_ptr<Plan>> plans;
+  std::lock_guard lock(mutex);
+  auto& slot = plans[{device.index, static_cast<int>(dtype), g}];
+  if (slot) return *slot;
+  auto p = std::make_unique<Plan>();
+  p->type = dtype == DType::float64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
+  DUALCAST_CUDNN_CHECK(cudnnCreateTensorDescriptor(&p->x));
+  DUALCAST_CUDNN_CHECK(cudnnCreateTensorDescriptor(&p->y));
+  DUALCAST_CUDNN_CHECK(cudnnCreateFilterDescriptor(&p->w));
+  DUALCAST_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&p->conv));
+  as_int(g.N * g.C * g.HW(), "the input's element count");
+  as_int(g.N * g.O * g.OHW(), "the output's element count");
+  DUALCAST_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->x, CUDNN_TENSOR_NCHW, p->type, as_int(g.N, "N"),
+                                                  as_int(g.C, "C"), as_int(g.H, "H"), as_int(g.W, "W")));
+  DUALCAST_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->y, CUDNN_TENSOR_NCHW, p->type, as_int(g.N, "N"),
+                                                  as_int(g.O, "O"), as_int(g.OH, "OH"),
+                                                  as_int(g.OW, "OW")));
+  DUALCAST_CUDNN_CHECK(cudnnSetFilter4dDescriptor(p->w, p->type, CUDNN_TENSOR_NCHW, as_int(g.O, "O"),
+                                                  as_int(g.Cg(), "C/groups"), as_int(g.KH, "KH"),
+                                                  as_int(g.KW, "KW")));
+  DUALCAST_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
+      p->conv, as_int(g.ph, "padding"), as_int(g.pw, "padding"), as_int(g.sh, "stride"),
+      as_int(g.sw, "stride"), as_int(g.dh, "dilation"), as_int(g.dw, "dilation"),
+      CUDNN_CROSS_CORRELATION, p->type));
+  DUALCAST_CUDNN_CHECK(cudnnSetConvolutionGroupCount(p->conv, as_int(g.groups, "groups")));
+  // FMA math for float32: no TF32 tensor-core rounding.
+  DUALCAST_CUDNN_CHECK(cudnnSetConvolutionMathType(
+      p->conv, dtype == DType::float32 ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH));
+  int n = 0, c = 0, h = 0, w = 0;
+  DUALCAST_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(p->conv, p->x, p->w, &n, &c, &h, &w));
+  DUALCAST_CHECK(n == g.N && c == g.O && h == g.OH && w == g.OW,
+                 "conv2d: cuDNN computes an output of [", n, ", ", c, ", ", h, ", ", w,
+                 "] where dualcast expects [", g.N, ", ", g.O, ", ", g.OH, ", ", g.OW, "]");
+  slot = std::move(p);
+  return *slot;
+}
+
+/// Whether a result of an algorithm search may be used: it ran, fits the workspace limit, and
+/// (float32) does not use TF32 tensor cores.
+template <class Perf>
+bool usable(const Perf& r, DType dtype, std::size_t limit) {
+  if (r.status != CUDNN_STATUS_SUCCESS || r.memory > limit) return false;
+  if (dtype == DType::float32 && r.mathType != CUDNN_FMA_MATH && r.mathType != CUDNN_DEFAULT_MATH)
+    return false;
+  return true;
+}
+
+bool stream_is_capturing(Device device) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  DUALCAST_CUDA_CHECK(cudaStreamIsCapturing(stream(device), &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
+/// A workspace buffer for a search: up to kMaxWorkspace, at most a quarter of the free memory.
+Tensor search_workspace(Device device, std::size_t& bytes) {
+  std::size_t free_b = 0, total_b = 0;
+  DUALCAST_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  bytes = std::min(kMaxWorkspace, free_b / 4);
+  for (;;) {
+    try {
+      return Tensor::empty(Shape{static_cast<std::int64_t>(std::max<std::size_t>(bytes, 1))},
+                           DType::uint8, device);
+    } catch (const Error&) {
+      if (bytes < (std::size_t(1) << 20)) throw;
+      bytes /= 2;
+    }
+  }
+}
+
+Tensor workspace(Device device, std::size_t bytes) {
+  if (bytes == 0) return Tensor();
+  return Tensor::empty(Shape{static_cast<std::int64_t>(bytes)}, DType::uint8, device);
+}
+
+void* ptr(const Tensor& t) { return t.defined() ? t.raw_data() : nullptr; }
+
+template <class Perf>
+[[noreturn]] void no_algorithm(const char* direction, const std::vector<Perf>& results, int returned,
+                               const ConvGeometry& g) {
+  std::string why;
+  for (int i = 0; i < returned; ++i)
+    why += std::string(i ? ", " : "") + "algo " + std::to_string(static_cast<int>(results[static_cast<std::size_t>(i)].algo)) +
+           ": " + cudnnGetErrorString(results[static_cast<std::size_t>(i)].status);
+  DUALCAST_FAIL("conv2d: cuDNN has no usable ", direction, " algorithm for input [", g.N, ", ", g.C,
+                ", ", g.H, ", ", g.W, "], weight [", g.O, ", ", g.Cg(), ", ", g.KH, ", ", g.KW,
+                "] (", why, "); set DUALCAST_CONV=gemm to use dualcast's implicit GEMM");
+}
+
+/// alpha and beta in the type cuDNN expects for the data type.
+struct Scalars {
+  float f[2];
+  double d[2];
+  const void* alpha(cudnnDataType_t t) const { return t == CUDNN_DATA_DOUBLE ? static_cast<const void*>(&d[0]) : &f[0]; }
+  const void* beta(cudnnDataType_t t) const { return t == CUDNN_DATA_DOUBLE ? static_cast<const void*>(&d[1]) : &f[1]; }
+};
+Scalars scalars(double alpha, double beta) {
+  return {{static_cast<float>(alpha), static_cast<float>(beta)}, {alpha, beta}};
+}
+
+}  // namespace
+
+void cudnn_conv_forward(Device device, DType dtype, const ConvGeometry& g, const void* x,
+                        const void* w, void* y) {
+  cudnnHandle_t h = handle(device);
+  DeviceGuard guard(device);
+  Plan& p = plan_for(device, dtype, g);
+  {
+    std::lock_guard lock(p.mutex);
+    if (!p.fwd_ready) {
+      ++g_searches;
+      int max_count = 0, returned = 0;
+      DUALCAST_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(h, &max_count));
+      std::vector<cudnnConvolutionFwdAlgoPerf_t> r(static_cast<std::size_t>(std::max(max_count, 1)));
+      std::size_t limit = kMaxWorkspace;
+      if (use_find() && !stream_is_capturing(device)) {
+        Tensor ws = search_workspace(device, limit);
+        DUALCAST_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(
+            h, p.x, x, p.w, w, p.conv, p.y, y, max_count, &returned, r.data(), ws.raw_data(), limit));
+      } else {
+        DUALCAST_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, p.x, p.w, p.conv, p.y, max_count,
+                                                                    &returned, r.data()));
+      }
+      const auto it = std::find_if(r.begin(), r.begin() + returned,
+                                   [&](const auto& e) { return usable(e, dtype, limit); });
+      if (it == r.begin() + returned) no_algorithm("forward", r, returned, g);
+      p.fwd = it->algo;
+      DUALCAST_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, p.x, p.w, p.conv, p.y, p.fwd, &p.fwd_ws));
+      p.fwd_ready = true;
+    }
+  }
+  const Tensor ws = workspace(device, p.fwd_ws);
+  const Scalars s = scalars(1.0, 0.0);
+  DUALCAST_CUDNN_CHECK(cudnnConvolutionForward(h, s.alpha(p.type), p.x, x, p.w, w, p.conv, p.fwd,
+                                               ptr(ws), p.fwd_ws, s.beta(p.type), p.y, y));
+}
+
+void cudnn_conv_backward_data(Device device, DType dtype, const ConvGeometry& g, const void* w,
+                              const void* dy, void* dx, bool accumulate) {
+  cudnnHandle_t h = handle(device);
+  DeviceGuard guard(device);
+  Plan& p = plan_for(device, dtype, g);
+  {
+    std::lock_guard lock(p.mutex);
+    if (!p.data_ready) {
+      ++g_searches;
+      int max_count = 0, returned = 0;
+      DUALCAST_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, &max_count));
+      std::vector<cudnnConvolutionBwdDataAlgoPerf_t> r(static_cast<std::size_t>(std::max(max_count, 1)));
+      std::size_t limit = kMaxWorkspace;
+      if (use_find() && !stream_is_capturing(device)) {
+        Tensor ws = search_workspace(device, limit);
+        // Find writes its trial results: into a scratch buffer, so an accumulated dx is untouched.
+        const Tensor scratch = Tensor::empty(Shape{g.N, g.C, g.H, g.W}, dtype, device);
+        DUALCAST_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
+            h, p.w, w, p.y, dy, p.conv, p.x, scratch.raw_data(), max_count, &returned, r.data(),
+            ws.raw_data(), limit));
+      } else {
+        DUALCAST_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p.w, p.y, p.conv, p.x, max_count,
+                                                                         &returned, r.data()));
+      }
+      const auto it = std::find_if(r.begin(), r.begin() + returned,
+                                   [&](const auto& e) { return usable(e, dtype, limit); });
+      if (it == r.begin() + returned) no_algorithm("backward-data", r, returned, g);
+      p.data = it->algo;
+      DUALCAST_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, p.w, p.y, p.conv, p.x, p.data,
+                                                                        &p.data_ws));
+      p.data_ready = true;
+    }
+  }
+  const Tensor ws = workspace(device, p.data_ws);
+  const Scalars s = scalars(1.0, accumulate ? 1.0 : 0.0);
+  DUALCAST_CUDNN_CHECK(cudnnConvolutionBackwardData(h, s.alpha(p.type), p.w, w, p.y, dy, p.conv, p.data,
+                                                    ptr(ws), p.data_ws, s.beta(p.type), p.x, dx));
+}
+
+void cudnn_conv_backward_filter(Device device, DType dtype, const ConvGeometry& g, const void* x,
+                                const void* dy, void* dw) {
+  cudnnHandle_t h = handle(device);
+  DeviceGuard guard(device);
+  Plan& p = plan_for(device, dtype, g);
+  {
+    std::lock_guard lock(p.mutex);
+    if (!p.filter_ready) {
+      ++g_searches;
+      int max_count = 0, returned = 0;
+      DUALCAST_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, &max_count));
+      std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> r(static_cast<std::size_t>(std::max(max_count, 1)));
+      std::size_t limit = kMaxWorkspace;
+      if (use_find() && !stream_is_capturing(device)) {
+        Tensor ws = search_workspace(device, limit);
+        DUALCAST_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
+            h, p.x, x, p.y, dy, p.conv, p.w, dw, max_count, &returned, r.data(), ws.raw_data(), limit));
+      } else {
+        DUALCAST_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p.x, p.y, p.conv, p.w,
+                                                                           max_count, &returned, r.data()));
+      }
+      const auto it = std::find_if(r.begin(), r.begin() + returned,
+                                   [&](const auto& e) { return usable(e, dtype, limit); });
+      if (it == r.begin() + returned) no_algorithm("backward-filter", r, returned, g);
+      p.filter = it->algo;
+      DUALCAST_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p.x, p.y, p.conv, p.w,
+                                                                          p.filter, &p.filter_ws));
+      p.filter_ready = true;
+    }
+  }
+  const Tensor ws = workspace(device, p.filter_ws);
+  const Scalars s = scalars(1.0, 0.0);
+  DUALCAST_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, s.alpha(p.type), p.x, x, p.y, dy, p.conv,
+                                                      p.filter, ptr(ws), p.filter_ws, s.beta(p.type),
+                                                      p.w, dw));
+}
+
+#else  // no cuDNN in this build
+
+bool cudnn_compiled() { return false; }
+std::string cudnn_version_string() { return ""; }
+
+namespace {
+[[noreturn]] void no_cudnn() {
+  DUALCAST_FAIL("conv2d: this dualcast was built without cuDNN (the build said so at configure time); "
+                "use set_conv_backend(ConvBackend::gemm) or DUALCAST_CONV=gemm");
+}
+}  // namespace
+
+void cudnn_conv_forward(Device, DType, const ConvGeometry&, const void*, const void*, void*) {
+  no_cudnn();
+}
+void cudnn_conv_backward_data(Device, DType, const ConvGeometry&, const void*, const void*, void*, bool) {
+  no_cudnn();
+}
+void cudnn_conv_backward_filter(Device, DType, const ConvGeometry&, const void*, const void*, void*) {
+  no_cudnn();
+}
+
+#endif
+
+}  // namespace dualcast::detail

@@ -1,0 +1,50 @@
+// conv_impl.hpp (private): what conv.cu (checks, tape node, im2col + GEMM) and conv_cudnn.cpp (the
+// cuDNN backend) share: the checked geometry of one convolution and the cuDNN entry points.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "dualcast/device.hpp"
+#include "dualcast/dtype.hpp"
+
+namespace dualcast::detail {
+
+/// Every size of one convolution, checked (see ops/conv.hpp).
+struct ConvGeometry {
+  std::int64_t N = 0, C = 0, H = 0, W = 0;  ///< input
+  std::int64_t O = 0, KH = 0, KW = 0;       ///< weight [O, C / groups, KH, KW]
+  std::int64_t OH = 0, OW = 0;              ///< output spatial size
+  std::int64_t sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1;
+  std::int64_t groups = 1;
+
+  [[nodiscard]] std::int64_t Cg() const { return C / groups; }
+  [[nodiscard]] std::int64_t Og() const { return O / groups; }
+  /// Rows of a group's column matrix: Cg * KH * KW.
+  [[nodiscard]] std::int64_t CgKK() const { return Cg() * KH * KW; }
+  [[nodiscard]] std::int64_t OHW() const { return OH * OW; }
+  [[nodiscard]] std::int64_t HW() const { return H * W; }
+  friend bool operator<(const ConvGeometry& a, const ConvGeometry& b);
+};
+
+/// Whether the library was built with cuDNN, and its version ("9.14.0", or "" without).
+bool cudnn_compiled();
+std::string cudnn_version_string();
+/// "find" or "heuristic": how cuDNN algorithms are chosen (DUALCAST_CUDNN_ALGO).
+const char* cudnn_algo_search_name();
+
+/// y = conv(x, w) (all contiguous NCHW on `device`).
+void cudnn_conv_forward(Device device, DType dtype, const ConvGeometry& g, const void* x,
+                        const void* w, void* y);
+/// dx = conv_transpose(dy, w), added to dx when `accumulate`.
+void cudnn_conv_backward_data(Device device, DType dtype, const ConvGeometry& g, const void* w,
+                              const void* dy, void* dx, bool accumulate);
+/// dw = the weight gradient of dy against x (overwrites dw).
+void cudnn_conv_backward_filter(Device device, DType dtype, const ConvGeometry& g, const void* x,
+                                const void* dy, void* dw);
+
+/// Number of cuDNN algorithm searches made so far (each new shape and direction costs one; tests
+/// use it to check the cache).
+int cudnn_algorithm_searches();
+
+}  // namespace dualcast::detail
