@@ -20,6 +20,8 @@
 #include "dualcast/ops/linalg.hpp"
 #include "dualcast/ops/shape.hpp"
 #include "dualcast/ops/loss.hpp"
+#include "dualcast/ops/layer_norm.hpp"
+#include "dualcast/ops/attention.hpp"
 #include "dualcast/broadcast.hpp"
 #include "dualcast/gradcheck.hpp"
 #include "dualcast/optim.hpp"
