@@ -49,8 +49,8 @@ struct StepTiming {
   int reps = 0;
   double loss = 0.0;  ///< loss at the initial parameters on the first batch (nats)
 };
-/// Times one training step (forward, backward, Adam update) of cfg.model at batch cfg.batch and
-/// T = cfg.model.context, on random-offset corpus batches rotating over 3 sets.
+/// Times one training step (forward, backward, Adam update; no gradient clipping) of cfg.model at
+/// batch cfg.batch and T = cfg.model.context, on corpus batches rotating over 3 sets.
 StepTiming time_training_step(const TrainConfig& cfg, int warmup, int reps);
 
 struct ImplComparison {
