@@ -173,13 +173,10 @@ void launch_backward(const Dims& d, const MaskView& mask, const Tensor& q, const
 
 /// The float32, head_dim 64 forward comes in two tile shapes: 8 rows per lane (128 query rows per
 /// block, 2 blocks per SM; the default) or 4 (64 rows, 3 blocks per SM). DUALCAST_ATTENTION_FWD_TM=4
-/// selects the second, for benchmarks that compare them; read once.
+/// selects the second, for benchmarks that compare them (read at every call: a benchmark may switch).
 int forward_rows_per_lane() {
-  static const int tm = [] {
-    const char* e = std::getenv("DUALCAST_ATTENTION_FWD_TM");
-    return e && std::string(e) == "4" ? 4 : 8;
-  }();
-  return tm;
+  const char* e = std::getenv("DUALCAST_ATTENTION_FWD_TM");
+  return e && std::string(e) == "4" ? 4 : 8;
 }
 
 /// Calls fn.template operator()<T, D_PAD>() for q's dtype and the padded head dimension.

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -50,12 +51,13 @@ Options:
   --tokens N               batch = max(1, tokens / seq) (GPU default 32768, CPU 256)
   --causal LIST            0 (no mask), 1 (causal) or both (default 0,1)
   --reps N --warmup N      timed and untimed repetitions (GPU default 30 and 5; CPU 3 and 1)
+  --fwd-tm LIST            float32 head_dim-64 forward tile heights to time: 8 (128 query rows per
+                           block, the default shape) and/or 4 (64 rows); 4 is recorded as
+                           dualcast_fused_tm4 (default 8)
   --peers                  time PyTorch too (peer_torch.py attention), validated against dualcast
   --python PATH            interpreter for the peer (default: the first python3 with torch)
   --out DIR                output folder (default results/attention)
   --help                   this text
-The float32 head_dim-64 forward has two tile shapes; DUALCAST_ATTENTION_FWD_TM=4 selects the 64-row
-one for a whole run (default 8: 128 rows per block).
 
 Exit status: 0 done; 2 bad usage; 4 a validation failed; 1 any other error.
 )";
@@ -67,6 +69,7 @@ struct Options {
   long long tokens = -1;
   std::vector<long long> causal{0, 1};
   int reps = -1, warmup = -1;
+  std::vector<long long> fwd_tm{8};
   bool peers = false;
   std::string python;
   std::string out = "results/attention";
@@ -95,6 +98,10 @@ Options parse(int argc, char** argv) {
       o.causal = list(a, args.value(), true);
       for (long long c : o.causal)
         if (c > 1) throw dcexp::cli::UsageError("--causal: entries are 0 or 1");
+    } else if (a == "--fwd-tm") {
+      o.fwd_tm = list(a, args.value(), false);
+      for (long long t : o.fwd_tm)
+        if (t != 4 && t != 8) throw dcexp::cli::UsageError("--fwd-tm: entries are 4 or 8");
     } else if (a == "--reps") o.reps = static_cast<int>(positive(a, args.value()));
     else if (a == "--warmup") o.warmup = static_cast<int>(positive(a, args.value(), true));
     else if (a == "--peers") {
@@ -218,10 +225,19 @@ int run(const Options& o) {
         }
       }
 
-      const std::vector<AttentionImpl> impls =
-          gpu ? std::vector<AttentionImpl>{AttentionImpl::fused, AttentionImpl::composed}
-              : std::vector<AttentionImpl>{AttentionImpl::composed};
-      for (AttentionImpl impl : impls) {
+      struct Variant {
+        std::string name;
+        AttentionImpl impl;
+        const char* fwd_tm;  // DUALCAST_ATTENTION_FWD_TM while it runs (attention_fused.cu)
+      };
+      std::vector<Variant> variants;
+      if (gpu)
+        for (long long tm : o.fwd_tm)
+          variants.push_back({tm == 8 ? "dualcast_fused" : "dualcast_fused_tm4", AttentionImpl::fused, tm == 8 ? "8" : "4"});
+      variants.push_back({"dualcast_composed", AttentionImpl::composed, "8"});
+      for (const Variant& var : variants) {
+        const AttentionImpl impl = var.impl;
+        setenv("DUALCAST_ATTENTION_FWD_TM", var.fwd_tm, 1);
         AttentionOptions oi = opt;
         oi.impl = impl;
         if (gpu && impl == AttentionImpl::composed) {
@@ -269,7 +285,7 @@ int run(const Options& o) {
           r["seq"] = S;
           r["causal"] = causal;
           r["batch"] = B;
-          r["method"] = std::string("dualcast_") + dualcast::attention_impl_name(impl);
+          r["method"] = var.name;
           r["phase"] = phase;
           r["median_ms"] = s.median;
           r["p10_ms"] = s.p10;
