@@ -122,6 +122,65 @@ __device__ __forceinline__ void load_rows(T* __restrict__ sm, const T* __restric
   }
 }
 
+// ---- asynchronous global -> shared copies (cp.async, sm_80 and later) ----------------------------
+// A tile's copies are issued without staging registers and land while the block computes; each
+// thread waits for its own groups (cp_async_wait) and a barrier then makes them visible to all.
+
+/// 16 bytes from global to shared memory; src_bytes < 16 zero-fills the rest (0: no read at all).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
+  DUALCAST_ATTENTION_ALIGNED16(smem);
+  DUALCAST_ATTENTION_ALIGNED16(gmem);
+#if defined(DUALCAST_ATTENTION_EMULATION)
+  emulation::cp_async16(smem, gmem, src_bytes);
+#else
+  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes) : "memory");
+#endif
+}
+/// Closes the group of copies issued since the last commit.
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(DUALCAST_ATTENTION_EMULATION)
+  emulation::cp_async_commit();
+#else
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+/// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(DUALCAST_ATTENTION_EMULATION)
+  emulation::cp_async_wait(N);
+#else
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+/// load_rows without scaling, asynchronous where it can be (vec: 16-byte aligned rows, D % 4 == 0;
+/// otherwise the copies are plain loads and stores, complete when this returns). Zero-fills rows
+/// >= n_rows and columns >= D like load_rows.
+template <class T, int D_PAD, int ROWS>
+__device__ __forceinline__ void load_rows_async(T* __restrict__ sm, const T* __restrict__ g, std::int64_t row0,
+                                                std::int64_t n_rows, std::int64_t D, bool vec) {
+  if (!vec) {
+    load_rows<T, D_PAD, ROWS>(sm, g, row0, n_rows, D, false, T(1));
+    return;
+  }
+  constexpr int kGroups = D_PAD / 4;
+  constexpr int LD = D_PAD + kPad<T>;
+  constexpr int kChunks = 4 * static_cast<int>(sizeof(T)) / 16;  // 16-byte copies per group of 4
+#pragma unroll
+  for (int idx = static_cast<int>(threadIdx.x); idx < ROWS * kGroups; idx += kThreads) {
+    const int r = idx / kGroups, d = (idx % kGroups) * 4;
+    const std::int64_t gr = row0 + r;
+    const bool in = gr < n_rows && d < D;
+    const T* src = in ? g + gr * D + d : g;
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c)
+      cp_async16(sm + r * LD + d + c * (16 / static_cast<int>(sizeof(T))), src + (in ? c * (16 / static_cast<int>(sizeof(T))) : 0),
+                 in ? 16 : 0);
+  }
+}
+
 /// Applies the causal rule and the mask to a log2-domain score x of (row, col); -inf where masked.
 /// Callers guarantee row < Sq and col < Sk.
 template <class T>
@@ -213,12 +272,18 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(fwd_smem_bytes<T, D_PA
 
   const std::int64_t kv_end = p.causal ? std::min<std::int64_t>(p.Sk, q0 + BR) : p.Sk;
   const int n_tiles = static_cast<int>((kv_end + kKeyTile - 1) / kKeyTile);
+  // Pipeline (one K and one V buffer): K of tile t + 1 lands while P V of tile t runs, V of tile
+  // t + 1 while S of tile t + 1 runs. Groups in flight at the top of iteration t: K_t, V_t.
+  if (n_tiles > 0) {
+    load_rows_async<T, D_PAD, kKeyTile>(Ks, kg, 0, p.Sk, p.D, vec);
+    cp_async_commit();
+    load_rows_async<T, D_PAD, kKeyTile>(Vs, vg, 0, p.Sk, p.D, vec);
+    cp_async_commit();
+  }
   for (int t = 0; t < n_tiles; ++t) {
     const std::int64_t k0 = static_cast<std::int64_t>(t) * kKeyTile;
-    __syncthreads();  // the previous tile's reads of Ks, Vs and Ps are done
-    load_rows<T, D_PAD, kKeyTile>(Ks, kg, k0, p.Sk, p.D, vec, T(1));
-    load_rows<T, D_PAD, kKeyTile>(Vs, vg, k0, p.Sk, p.D, vec, T(1));
-    __syncthreads();
+    cp_async_wait<1>();  // K_t has landed (V_t may still be in flight)
+    __syncthreads();     // ... for every thread; Q too, the first time
 
     // S = Q K^T for rows row_l0 + i, columns ci + 8 j (log2 domain: Q carries scale * log2 e).
     T s[TM][8];
@@ -271,7 +336,12 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(fwd_smem_bytes<T, D_PA
         Pw[i * LDP + ci + 8 * j] = pj;
       }
     }
-    __syncwarp();
+    cp_async_wait<0>();  // V_t has landed
+    __syncthreads();     // ... for every thread; every read of Ks is done, every P is written
+    if (t + 1 < n_tiles) {
+      load_rows_async<T, D_PAD, kKeyTile>(Ks, kg, k0 + kKeyTile, p.Sk, p.D, vec);
+      cp_async_commit();
+    }
 
     // O += P V: four keys at a time; a P row of this lane is a broadcast, V rows 16-byte groups.
 #pragma unroll 1
@@ -291,6 +361,11 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(fwd_smem_bytes<T, D_PA
             for (int x = 0; x < 4; ++x) acc[i][4 * g + x] = fma(pv[i][e], vv[x], acc[i][4 * g + x]);
         }
       }
+    }
+    __syncthreads();  // every read of Vs and Ps is done
+    if (t + 1 < n_tiles) {
+      load_rows_async<T, D_PAD, kKeyTile>(Vs, vg, k0 + kKeyTile, p.Sk, p.D, vec);
+      cp_async_commit();
     }
   }
 
@@ -473,8 +548,8 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(bwd_smem_bytes<T, D_PA
   const T* qg = p.q + bh * p.Sq * p.D;
   const T* dog = p.dout + bh * p.Sq * p.D;
 
-  load_rows<T, D_PAD, BC>(Ks, p.k + bh * p.Sk * p.D, k0, p.Sk, p.D, vec, T(1));
-  load_rows<T, D_PAD, BC>(Vs, p.v + bh * p.Sk * p.D, k0, p.Sk, p.D, vec, T(1));
+  load_rows_async<T, D_PAD, BC>(Ks, p.k + bh * p.Sk * p.D, k0, p.Sk, p.D, vec);
+  load_rows_async<T, D_PAD, BC>(Vs, p.v + bh * p.Sk * p.D, k0, p.Sk, p.D, vec);
 
   const int key_l0 = warp * 4 * TK + ri * TK;  // this lane's first key in the block
   const int qr0 = warp * 16 + ri * 4;          // this lane's first query row of dQ
@@ -487,18 +562,28 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(bwd_smem_bytes<T, D_PA
   const int nq = static_cast<int>((p.Sq + kQueryTile - 1) / kQueryTile);
   const int qt_first = p.causal ? static_cast<int>(k0 / kQueryTile) : 0;  // rows < k0 see no key here
   const int n_iter = nq - qt_first;
-  for (int it = 0; it < n_iter; ++it) {
-    const int qt = qt_first + (it + kt) % n_iter;  // staggered start: fewer atomics on the same rows
-    const std::int64_t q0 = static_cast<std::int64_t>(qt) * kQueryTile;
-    __syncthreads();  // the previous tile's reads are done
-    load_rows<T, D_PAD, kQueryTile>(Qs, qg, q0, p.Sq, p.D, vec, T(1));
-    load_rows<T, D_PAD, kQueryTile>(dOs, dog, q0, p.Sq, p.D, vec, T(1));
+  // Query tile `it` of the sweep: staggered starts, so that blocks of one head rarely add to the same
+  // dQ rows at once.
+  const auto tile_start = [&](int it) {
+    return static_cast<std::int64_t>(qt_first + (it + kt) % n_iter) * kQueryTile;
+  };
+  // Q, dO (asynchronous) and lse, delta (plain) of the tile at q0; the copies of tile it + 1 land
+  // while dQ of tile it runs.
+  const auto fetch = [&](std::int64_t q0) {
+    load_rows_async<T, D_PAD, kQueryTile>(Qs, qg, q0, p.Sq, p.D, vec);
+    load_rows_async<T, D_PAD, kQueryTile>(dOs, dog, q0, p.Sq, p.D, vec);
     for (int r = tid; r < kQueryTile; r += kThreads) {
       const std::int64_t gr = q0 + r;
       lse_s[r] = gr < p.Sq ? p.lse[bh * p.Sq + gr] : neg_inf<T>();
       delta_s[r] = gr < p.Sq ? p.delta[bh * p.Sq + gr] : T(0);
     }
-    __syncthreads();
+  };
+  if (n_iter > 0) fetch(tile_start(0));
+  cp_async_commit();  // K, V and the first Q, dO
+  for (int it = 0; it < n_iter; ++it) {
+    const std::int64_t q0 = tile_start(it);
+    cp_async_wait<0>();  // this tile's Q and dO (and K, V the first time) have landed
+    __syncthreads();     // ... for every thread; the previous tile's reads are done
 
     // P^T = 2^(S^T - lse) for keys key_l0 + i, query rows ci + 8 j (0 where masked).
     T pt[TK][8];
@@ -554,6 +639,11 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(bwd_smem_bytes<T, D_PA
           }
       }
     }
+    __syncthreads();  // every read of Qs, dOs, lse_s and delta_s is done: fetch the next tile
+    if (it + 1 < n_iter) {
+      fetch(tile_start(it + 1));
+      cp_async_commit();
+    }
 
     // dQ[rows qr0 + i] += scale * dS K over this block's keys, added to device memory atomically.
     T dq[4][4 * NG];
@@ -600,6 +690,8 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(bwd_smem_bytes<T, D_PA
       }
     }
   }
+
+  cp_async_wait<0>();  // nothing may be in flight at exit (n_iter = 0: K and V)
 
   // dK = scale * sum dS^T Q, dV = sum P^T dO for this block's keys.
 #pragma unroll

@@ -5,7 +5,9 @@
 // Execution model: a launch runs the blocks one after another; a block runs one std::thread per CUDA
 // thread, __syncthreads and __syncwarp are std::barriers, a warp shuffle goes through a per-warp
 // exchange buffer between two warp barriers (so every lane of the warp must call it, as on the GPU),
-// atomicAdd is std::atomic_ref. Dynamic shared memory is filled with 0xFF bytes first (NaN in
+// atomicAdd is std::atomic_ref, cp.async copies land only when their thread waits for them (so a
+// read before the wait sees the old contents), and copies still in flight when a thread finishes are
+// counted in emu::unwaited_copies. Dynamic shared memory is filled with 0xFF bytes first (NaN in
 // float32 and float64), so a kernel that reads shared memory it never wrote produces NaN. What this
 // cannot show: timing, occupancy, register pressure, and races that the host's scheduling happens
 // not to expose. 16-byte vector accesses at addresses that are not 16-byte aligned (a fault on the
@@ -66,8 +68,41 @@ using std::fmax;
 using std::exp2;
 using std::log2;
 
+namespace emu {
+/// cp.async as the hardware allows it to behave at the latest: a copy lands only when its thread
+/// waits for its group, so a kernel that reads a tile before cp_async_wait (or, with the barrier
+/// missing, before the issuing thread waited) reads the old contents.
+struct PendingCopy {
+  void* dst;
+  const void* src;
+  int bytes;
+};
+inline thread_local std::vector<PendingCopy> open_group;
+inline thread_local std::vector<std::vector<PendingCopy>> committed;
+inline std::atomic<long> unwaited_copies{0};  ///< copies still in flight when a thread finished
+inline void land(const std::vector<PendingCopy>& group) {
+  for (const PendingCopy& c : group) {
+    std::memcpy(c.dst, c.src, static_cast<std::size_t>(c.bytes));
+    std::memset(static_cast<unsigned char*>(c.dst) + c.bytes, 0, static_cast<std::size_t>(16 - c.bytes));
+  }
+}
+}  // namespace emu
+
 namespace dualcast::attention_detail::kernels::emulation {
 inline unsigned char* shared_memory() { return emu::blk->smem; }
+inline void cp_async16(void* smem, const void* gmem, int src_bytes) {
+  emu::open_group.push_back({smem, gmem, src_bytes});
+}
+inline void cp_async_commit() {
+  emu::committed.push_back(std::move(emu::open_group));
+  emu::open_group.clear();
+}
+inline void cp_async_wait(int n) {
+  while (static_cast<int>(emu::committed.size()) > n) {
+    emu::land(emu::committed.front());
+    emu::committed.erase(emu::committed.begin());
+  }
+}
 /// A 16-byte vector access on the GPU needs a 16-byte aligned address; x86 would not complain.
 inline void check_aligned16(const void* p) {
   if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) emu::misaligned.fetch_add(1);
@@ -92,6 +127,11 @@ void launch(void (*kernel)(A...), unsigned blocks, unsigned threads, std::size_t
         tid.x = t;
         bid.x = b;
         kernel(args...);
+        long left = static_cast<long>(open_group.size());
+        for (const auto& g : committed) left += static_cast<long>(g.size());
+        if (left) unwaited_copies.fetch_add(left);
+        open_group.clear();
+        committed.clear();
       });
     for (auto& t : ts) t.join();
   }

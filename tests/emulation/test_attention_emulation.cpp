@@ -3,8 +3,9 @@
 // log-sum-exp and the three gradients. Every tile shape the launchers use (float32 and float64, head
 // dims padded to 32, 64, 128, both float32 forward tile heights), causal and all mask kinds,
 // lengths that are no multiple of any tile, fully masked rows, head dims that are no multiple of 4
-// (the scalar paths); no 16-byte access may be misaligned. This is how the kernels' logic is checked
-// on machines without a GPU (CI); the CUDA tests in test_attention.cu check the same on a device.
+// (the scalar paths); no 16-byte access may be misaligned, no asynchronous copy left unwaited. This
+// is how the kernels' logic is checked on machines without a GPU (CI); the CUDA tests in
+// test_attention.cu check the same on a device.
 #include <gtest/gtest.h>
 
 #include "cuda_emulation.hpp"
@@ -155,6 +156,7 @@ void run(const Case& c, unsigned seed) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   const Reference ref = reference(c, wide(q), wide(k), wide(v), wide(dout), full, scale);
   emu::misaligned = 0;
+  emu::unwaited_copies = 0;
 
   // Forward, as launch_forward does.
   std::vector<T> o(q.size(), T(777)), lse(static_cast<std::size_t>(B * H * Sq), T(777));
@@ -217,6 +219,7 @@ void run(const Case& c, unsigned seed) {
   EXPECT_LE(array_error(dk, ref.dk), tol) << "dk";
   EXPECT_LE(array_error(dv, ref.dv), tol) << "dv";
   EXPECT_EQ(emu::misaligned.load(), 0) << "misaligned 16-byte accesses";
+  EXPECT_EQ(emu::unwaited_copies.load(), 0) << "asynchronous copies never waited for";
 }
 
 /// Every tile shape the launchers use for this head dimension (attention_fused.cu: Config).
