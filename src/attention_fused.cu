@@ -7,7 +7,8 @@
 // grows), O += P V. Only O and each row's log-sum-exp (log2 domain) are written: nothing of size
 // Sq x Sk ever reaches device memory. Causal blocks stop at the diagonal tile.
 // Backward: a block owns BC = 16 * TK keys and sweeps the query tiles (64 rows): it recomputes
-// S^T = K Q^T and P^T = 2^(S^T - lse), forms dP^T = V dO^T and dS^T = P^T (dP^T - rowsum(dO o O)),
+// S^T = K Q^T (bit for bit the forward's S: the same FMAs in the same order, scaled after) and
+// P^T = 2^(S^T - lse), forms dP^T = V dO^T and dS^T = P^T (dP^T - rowsum(dO o O)),
 // accumulates dV += P^T dO and dK += dS^T Q in registers, and adds its share of dQ = dS K to a
 // zeroed dQ with atomic adds (float4 atomics on sm_90). Atomics were chosen over a second pass over
 // the keys for dQ (which would recompute S and dP once more: +40% FLOPs): blocks of one head start
@@ -112,7 +113,7 @@ void launch_forward(const Dims& d, const MaskView& mask, const Tensor& q, const 
   p.q_tiles = static_cast<int>((d.Sq + BR - 1) / BR);
   p.causal = d.causal;
   p.vec = d.D % 4 == 0 && aligned16({p.q, p.k, p.v, p.o});
-  p.qmul = static_cast<T>(d.scale * kLog2e);
+  p.smul = static_cast<T>(d.scale * kLog2e);
   p.mask_mul = static_cast<T>(kLog2e);
   const std::int64_t blocks = p.heads * p.q_tiles;
   DUALCAST_CHECK(blocks < (std::int64_t(1) << 31), "scaled_dot_product_attention: ", blocks,

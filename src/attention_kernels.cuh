@@ -214,7 +214,7 @@ struct FwdParams {
   int q_tiles;
   bool causal;
   bool vec;    ///< D % 4 == 0 and 16-byte aligned rows: 16-byte global loads and stores
-  T qmul;      ///< scale * log2(e), folded into Q as it is loaded
+  T smul;      ///< scale * log2(e): S = Q K^T times this is the log2-domain score
   T mask_mul;  ///< log2(e), for additive masks
 };
 
@@ -257,7 +257,6 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(fwd_smem_bytes<T, D_PA
   const T* kg = p.k + bh * p.Sk * p.D;
   const T* vg = p.v + bh * p.Sk * p.D;
 
-  load_rows<T, D_PAD, BR>(Qs, qg, q0, p.Sq, p.D, vec, p.qmul);
 
   const int row_l0 = warp * 4 * TM + ri * TM;  // this lane's first row in the block
   T* Pw = Ps + (warp * 4 * TM + ri * TM) * LDP;
@@ -274,9 +273,10 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(fwd_smem_bytes<T, D_PA
   const int n_tiles = static_cast<int>((kv_end + kKeyTile - 1) / kKeyTile);
   // Pipeline (one K and one V buffer): K of tile t + 1 lands while P V of tile t runs, V of tile
   // t + 1 while S of tile t + 1 runs. Groups in flight at the top of iteration t: K_t, V_t.
+  load_rows_async<T, D_PAD, BR>(Qs, qg, q0, p.Sq, p.D, vec);
   if (n_tiles > 0) {
     load_rows_async<T, D_PAD, kKeyTile>(Ks, kg, 0, p.Sk, p.D, vec);
-    cp_async_commit();
+    cp_async_commit();  // with Q
     load_rows_async<T, D_PAD, kKeyTile>(Vs, vg, 0, p.Sk, p.D, vec);
     cp_async_commit();
   }
@@ -285,7 +285,7 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(fwd_smem_bytes<T, D_PA
     cp_async_wait<1>();  // K_t has landed (V_t may still be in flight)
     __syncthreads();     // ... for every thread; Q too, the first time
 
-    // S = Q K^T for rows row_l0 + i, columns ci + 8 j (log2 domain: Q carries scale * log2 e).
+    // S = Q K^T for rows row_l0 + i, columns ci + 8 j.
     T s[TM][8];
 #pragma unroll
     for (int i = 0; i < TM; ++i)
@@ -315,7 +315,8 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(fwd_smem_bytes<T, D_PA
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const std::int64_t col = k0 + ci + 8 * j;
-        T x = s[i][j];
+        // The raw score times one constant: the backward recomputes exactly this value.
+        T x = s[i][j] * p.smul;
         if (col >= p.Sk) x = neg_inf<T>();
         else if (row < p.Sq) x = apply_mask(p.mask, moff_bh, p.causal, row, col, x, p.mask_mul);
         s[i][j] = x;
@@ -368,6 +369,8 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(fwd_smem_bytes<T, D_PA
       cp_async_commit();
     }
   }
+
+  cp_async_wait<0>();  // nothing may be in flight at exit
 
   // Normalise and store; a fully masked row (l = 0) is written as zeros with lse = -inf.
 #pragma unroll

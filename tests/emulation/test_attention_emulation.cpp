@@ -175,7 +175,7 @@ void run(const Case& c, unsigned seed) {
   fp.q_tiles = static_cast<int>((Sq + kWarps * 4 * TM - 1) / (kWarps * 4 * TM));
   fp.causal = c.causal;
   fp.vec = D % 4 == 0;
-  fp.qmul = static_cast<T>(scale * kLog2e);
+  fp.smul = static_cast<T>(scale * kLog2e);
   fp.mask_mul = static_cast<T>(kLog2e);
   emu::launch(&attention_forward_kernel<T, D_PAD, TM>, static_cast<unsigned>(fp.heads * fp.q_tiles), kThreads,
               fwd_smem_bytes<T, D_PAD, TM>(), fp);
