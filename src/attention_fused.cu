@@ -20,8 +20,12 @@
 // columns ci + 8j, whose rows the quarter-warp reads as 8 consecutive 16-byte rows. Tiles are
 // row-major in shared memory with a pitch of D_PAD + 16 bytes, so those 8 rows fall in 8 distinct
 // 16-byte bank groups (no conflicts) and every operand moves as a 16-byte load (ld4); products over
-// keys or queries read a row of P (or dS) at a time. Each lane does 4 * TM * 8 FMAs per TM + 8
-// 16-byte loads (S) and per TM + 2 * D_PAD / 32 loads per four keys (P V).
+// keys or queries read a row of P (or dS) at a time. Per four columns of the reduction a lane does
+// 32 TM FMAs for TM + 8 16-byte loads (S: 256 for 16 at TM = 8) and 4 TM D_PAD / 8 FMAs for
+// TM + D_PAD / 8 loads (P V). Tiles arrive by cp.async while the block computes (the next K during
+// P V, the next V during S; the next Q and dO during dQ), into the same buffers, so pipelining costs
+// no shared memory; shared memory then sets the occupancy (2 blocks of 4 warps per SM at head_dim
+// 64), and __launch_bounds__ says so to ptxas (see blocks_per_sm).
 #include "attention_internal.hpp"
 
 #include <algorithm>
