@@ -132,6 +132,9 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src
   DUALCAST_ATTENTION_ALIGNED16(gmem);
 #if defined(DUALCAST_ATTENTION_EMULATION)
   emulation::cp_async16(smem, gmem, src_bytes);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  // No cp.async before sm_80: a plain copy (src_bytes is 0 or 16 here).
+  *static_cast<int4*>(smem) = src_bytes ? *static_cast<const int4*>(gmem) : make_int4(0, 0, 0, 0);
 #else
   const auto s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes) : "memory");
@@ -141,6 +144,7 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src
 __device__ __forceinline__ void cp_async_commit() {
 #if defined(DUALCAST_ATTENTION_EMULATION)
   emulation::cp_async_commit();
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #else
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 #endif
@@ -150,6 +154,7 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() {
 #if defined(DUALCAST_ATTENTION_EMULATION)
   emulation::cp_async_wait(N);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #else
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 #endif

@@ -211,22 +211,21 @@ def make_loss(L, H, C):
     """The model of model.hpp as a function of (list of parameters in param_shapes order, tokens [T+1, B])."""
 
     def loss_fn(params, tokens):
-        it = iter(params)
-        E, P = next(it), next(it)
+        E, P = params[0], params[1]
         Tp1, B = tokens.shape
         T = Tp1 - 1
         bt = tokens.t()
         x = E[bt[:, :T]] + P[:T]                      # [B, T, C]
         h = x.reshape(B * T, C)
-        for _ in range(L):
-            g1, b1, Wqkv, bqkv, Wo, bo, g2, b2, W1, c1, W2, c2 = (next(it) for _ in range(12))
+        for l in range(L):
+            g1, b1, Wqkv, bqkv, Wo, bo, g2, b2, W1, c1, W2, c2 = params[2 + 12 * l: 14 + 12 * l]
             a = F.layer_norm(h, (C,), g1, b1, 1e-5)
             qkv = (a @ Wqkv + bqkv).view(B, T, 3, H, C // H).permute(2, 0, 3, 1, 4)
             o = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], is_causal=True)
             h = h + o.permute(0, 2, 1, 3).reshape(B * T, C) @ Wo + bo
             u = F.gelu(F.layer_norm(h, (C,), g2, b2, 1e-5) @ W1 + c1)   # exact (erf) gelu
             h = h + u @ W2 + c2
-        gf, bf, Wout, bout = next(it), next(it), next(it), next(it)
+        gf, bf, Wout, bout = params[2 + 12 * L: 6 + 12 * L]
         logits = F.layer_norm(h, (C,), gf, bf, 1e-5) @ Wout + bout
         return F.cross_entropy(logits, bt[:, 1:].reshape(-1))
 
