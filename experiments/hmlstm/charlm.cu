@@ -139,8 +139,6 @@ Tensor clip_grad_norm_on_device(std::vector<Var>& params, double max_norm) {
   return total;
 }
 
-namespace {
-
 /// Tokens [T+1, B] (float32, CPU): column b is text[off_b .. off_b + T].
 Tensor window_batch(const std::vector<std::uint8_t>& text, const std::vector<std::int64_t>& offsets, int T) {
   const std::size_t B = offsets.size();
@@ -151,7 +149,30 @@ Tensor window_batch(const std::vector<std::uint8_t>& text, const std::vector<std
   return Tensor::from_vector({static_cast<std::int64_t>(T + 1), static_cast<std::int64_t>(B)}, v);
 }
 
-}  // namespace
+std::vector<std::int64_t> train_offsets(std::int64_t n_train, int T, int B, std::uint64_t seed, int step) {
+  std::vector<std::int64_t> off(static_cast<std::size_t>(B));
+  const std::int64_t span = n_train - T;  // offsets 0 .. n_train - T - 1
+  for (int b = 0; b < B; ++b) {
+    const double u = random::uniform(seed, static_cast<std::uint64_t>(step) * B + b);  // (0, 1]
+    off[static_cast<std::size_t>(b)] =
+        std::min<std::int64_t>(span - 1, static_cast<std::int64_t>(std::floor((1.0 - u) * span)));
+  }
+  return off;
+}
+
+std::vector<Tensor> validation_batches(const std::vector<std::uint8_t>& valid, int T, int B, int max_batches) {
+  const std::int64_t windows = (static_cast<std::int64_t>(valid.size()) - 1) / T;
+  DUALCAST_CHECK(windows >= B, "charlm: the validation split (", valid.size(), " chars) holds ", windows,
+                 " windows of T = ", T, ", fewer than B = ", B);
+  std::vector<Tensor> out;
+  const std::int64_t n = std::min<std::int64_t>(max_batches, windows / B);
+  for (std::int64_t j = 0; j < n; ++j) {
+    std::vector<std::int64_t> off(static_cast<std::size_t>(B));
+    for (int b = 0; b < B; ++b) off[static_cast<std::size_t>(b)] = (j * B + b) * T;
+    out.push_back(window_batch(valid, off, T));
+  }
+  return out;
+}
 
 TrainLog train_charlm(const TrainConfig& cfg, std::function<void(int step, double bpc)> progress) {
   DUALCAST_CHECK(cfg.net.vocab == kCharVocab, "train_charlm: net.vocab must be ", kCharVocab, " (got ",
@@ -165,27 +186,11 @@ TrainLog train_charlm(const TrainConfig& cfg, std::function<void(int step, doubl
   const std::int64_t n_train = static_cast<std::int64_t>(corpus.train.size());
   DUALCAST_CHECK(n_train >= T + 1, "train_charlm: the training split (", n_train,
                  " chars) is shorter than one window of T+1 = ", T + 1);
-  const std::int64_t windows = (static_cast<std::int64_t>(corpus.valid.size()) - 1) / T;
-  DUALCAST_CHECK(windows >= B, "train_charlm: the validation split (", corpus.valid.size(),
-                 " chars) holds ", windows, " windows of T = ", T, ", fewer than B = ", B);
-
   // Validation batches: window j*B + b (stride T) in column b of batch j.
-  std::vector<Tensor> valid;
-  const std::int64_t n_valid = std::min<std::int64_t>(cfg.valid_batches, windows / B);
-  for (std::int64_t j = 0; j < n_valid; ++j) {
-    std::vector<std::int64_t> off(static_cast<std::size_t>(B));
-    for (int b = 0; b < B; ++b) off[static_cast<std::size_t>(b)] = (j * B + b) * T;
-    valid.push_back(window_batch(corpus.valid, off, T).to(cfg.net.device));
-  }
+  std::vector<Tensor> valid = validation_batches(corpus.valid, T, B, cfg.valid_batches);
+  for (Tensor& v : valid) v = v.to(cfg.net.device);
   auto train_batch = [&](int step) {
-    std::vector<std::int64_t> off(static_cast<std::size_t>(B));
-    const std::int64_t span = n_train - T;  // offsets 0 .. n_train - T - 1
-    for (int b = 0; b < B; ++b) {
-      const double u = random::uniform(cfg.data_seed, static_cast<std::uint64_t>(step) * B + b);  // (0, 1]
-      off[static_cast<std::size_t>(b)] =
-          std::min<std::int64_t>(span - 1, static_cast<std::int64_t>(std::floor((1.0 - u) * span)));
-    }
-    return window_batch(corpus.train, off, T).to(cfg.net.device);
+    return window_batch(corpus.train, train_offsets(n_train, T, B, cfg.data_seed, step), T).to(cfg.net.device);
   };
 
   HmlstmNetwork net(cfg.net);

@@ -48,6 +48,17 @@ struct CharCorpus {
 /// load_corpus_text + encode_text + split (valid_fraction in (0, 1)).
 CharCorpus load_char_corpus(const std::string& dir, double valid_fraction = 0.1);
 
+// ---- minibatches (shared with the transformer of experiments/transformer) ------------------------
+
+/// Tokens [T+1, B] (float32 ids, CPU): column b is text[offsets[b] .. offsets[b] + T].
+Tensor window_batch(const std::vector<std::uint8_t>& text, const std::vector<std::int64_t>& offsets, int T);
+/// The window offsets of training minibatch `step`: B uniform offsets in [0, n_train - T - 1], a
+/// counter-based function of (seed, step, b), so every model and mode sees the same batches.
+std::vector<std::int64_t> train_offsets(std::int64_t n_train, int T, int B, std::uint64_t seed, int step);
+/// The validation set: up to max_batches batches [T+1, B]; batch j holds the non-overlapping windows
+/// j*B + b (stride T) of `valid`. dualcast::Error when `valid` holds fewer than B windows.
+std::vector<Tensor> validation_batches(const std::vector<std::uint8_t>& valid, int T, int B, int max_batches);
+
 struct TrainConfig {
   NetworkConfig net;  ///< net.vocab must be 64; net.slope is the starting slope
   int steps = 300;

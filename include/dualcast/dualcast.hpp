@@ -21,6 +21,8 @@
 #include "dualcast/ops/linalg.hpp"
 #include "dualcast/ops/shape.hpp"
 #include "dualcast/ops/loss.hpp"
+#include "dualcast/ops/layer_norm.hpp"
+#include "dualcast/ops/attention.hpp"
 #include "dualcast/broadcast.hpp"
 #include "dualcast/channel_broadcast.hpp"
 #include "dualcast/ops/conv.hpp"

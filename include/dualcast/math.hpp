@@ -344,6 +344,40 @@ DUALCAST_HD DUALCAST_INLINE Dual<T, N> erf(const Dual<T, N>& x) {
   return chain(x, erf(x.val), two_over_sqrt_pi * exp(-(x.val * x.val)));
 }
 
+namespace detail {
+/// erfc by type (kept private: gelu needs it for its left tail, where 1 + erf(x) cancels).
+template <class T>
+DUALCAST_HD DUALCAST_INLINE T erfc_of(T x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return ::erfcf(x);
+  } else if constexpr (std::is_same_v<T, double>) {
+    return ::erfc(x);
+  } else {
+    return ::erfcl(x);
+  }
+}
+}  // namespace detail
+
+/// gelu(x) = x Phi(x), the exact (erf) form, with Phi the standard normal CDF. Phi is computed as
+/// erfc(-x / sqrt(2)) / 2, which keeps full relative accuracy in the left tail (0.5 * (1 + erf(x /
+/// sqrt(2))) cancels to 0 below x ~ -6 in float); gelu(x) underflows to -0 only where x Phi(x) does.
+template <class T>
+  requires std::is_floating_point_v<T>
+DUALCAST_HD DUALCAST_INLINE T gelu(T x) {
+  constexpr T rsqrt2 = T(0.707106781186547524400844362104849039);
+  return T(0.5) * x * detail::erfc_of(-x * rsqrt2);
+}
+/// d/dx gelu(x) = Phi(x) + x phi(x), phi(x) = exp(-x^2 / 2) / sqrt(2 pi): both terms finite for
+/// every x (0 in the far left tail, 1 in the far right; no inf * 0).
+template <class T, int N>
+DUALCAST_HD DUALCAST_INLINE Dual<T, N> gelu(const Dual<T, N>& x) {
+  constexpr T rsqrt2 = T(0.707106781186547524400844362104849039);
+  constexpr T rsqrt2pi = T(0.398942280401432677939946059934381868);
+  const T cdf = T(0.5) * detail::erfc_of(-x.val * rsqrt2);
+  const T pdf = rsqrt2pi * exp(T(-0.5) * x.val * x.val);
+  return chain(x, x.val * cdf, cdf + x.val * pdf);
+}
+
 // ---- piecewise functions -------------------------------------------------------------------------
 
 /// d/dx |x| = sign(x), and abs'(0) = 0 (subgradient; as PyTorch). (The number version is above.)

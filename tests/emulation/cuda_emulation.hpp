@@ -1,0 +1,139 @@
+// cuda_emulation.hpp: a CPU stand-in for the few CUDA primitives dualcast's fused attention kernels
+// use, so that those kernels' very code runs (slowly) on a machine without a GPU. Compiled by the
+// host compiler only (never nvcc: it defines float4 and friends itself).
+//
+// Execution model: a launch runs the blocks one after another; a block runs one std::thread per CUDA
+// thread, __syncthreads and __syncwarp are std::barriers, a warp shuffle goes through a per-warp
+// exchange buffer between two warp barriers (so every lane of the warp must call it, as on the GPU),
+// atomicAdd is std::atomic_ref, cp.async copies land only when their thread waits for them (so a
+// read before the wait sees the old contents), and copies still in flight when a thread finishes are
+// counted in emu::unwaited_copies. Dynamic shared memory is filled with 0xFF bytes first (NaN in
+// float32 and float64), so a kernel that reads shared memory it never wrote produces NaN. What this
+// cannot show: timing, occupancy, register pressure, and races that the host's scheduling happens
+// not to expose. 16-byte vector accesses at addresses that are not 16-byte aligned (a fault on the
+// GPU, harmless on x86) are counted in emu::misaligned.
+#pragma once
+#include <atomic>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#define __device__
+#define __global__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __align__(n) alignas(n)
+#define DUALCAST_ATTENTION_EMULATION 1
+
+struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(16) double2 { double x, y; };
+inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
+inline double2 make_double2(double a, double b) { return {a, b}; }
+struct EmuDim3 { unsigned x = 0, y = 0, z = 0; };
+
+namespace emu {
+struct Block {
+  std::unique_ptr<std::barrier<>> bar;
+  std::unique_ptr<std::barrier<>> warp_bar[8];
+  double shfl[8][32];
+  unsigned char* smem = nullptr;
+};
+inline thread_local Block* blk = nullptr;
+inline thread_local EmuDim3 tid, bid;
+inline EmuDim3 grid;
+inline std::atomic<long> misaligned{0};  ///< 16-byte vector accesses at unaligned addresses
+}  // namespace emu
+#define threadIdx (emu::tid)
+#define blockIdx (emu::bid)
+#define gridDim (emu::grid)
+inline void __syncthreads() { emu::blk->bar->arrive_and_wait(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { emu::blk->warp_bar[emu::tid.x / 32]->arrive_and_wait(); }
+template <class T>
+T __shfl_xor_sync(unsigned, T v, int d) {
+  const int w = emu::tid.x / 32, lane = emu::tid.x % 32;
+  emu::blk->shfl[w][lane] = static_cast<double>(v);
+  emu::blk->warp_bar[w]->arrive_and_wait();
+  const T r = static_cast<T>(emu::blk->shfl[w][lane ^ d]);
+  emu::blk->warp_bar[w]->arrive_and_wait();
+  return r;
+}
+template <class T>
+T atomicAdd(T* p, T v) { return std::atomic_ref<T>(*p).fetch_add(v); }
+using std::fma;
+using std::fmax;
+using std::exp2;
+using std::log2;
+
+namespace emu {
+/// cp.async as the hardware allows it to behave at the latest: a copy lands only when its thread
+/// waits for its group, so a kernel that reads a tile before cp_async_wait (or, with the barrier
+/// missing, before the issuing thread waited) reads the old contents.
+struct PendingCopy {
+  void* dst;
+  const void* src;
+  int bytes;
+};
+inline thread_local std::vector<PendingCopy> open_group;
+inline thread_local std::vector<std::vector<PendingCopy>> committed;
+inline std::atomic<long> unwaited_copies{0};  ///< copies still in flight when a thread finished
+inline void land(const std::vector<PendingCopy>& group) {
+  for (const PendingCopy& c : group) {
+    std::memcpy(c.dst, c.src, static_cast<std::size_t>(c.bytes));
+    std::memset(static_cast<unsigned char*>(c.dst) + c.bytes, 0, static_cast<std::size_t>(16 - c.bytes));
+  }
+}
+}  // namespace emu
+
+namespace dualcast::attention_detail::kernels::emulation {
+inline unsigned char* shared_memory() { return emu::blk->smem; }
+inline void cp_async16(void* smem, const void* gmem, int src_bytes) {
+  emu::open_group.push_back({smem, gmem, src_bytes});
+}
+inline void cp_async_commit() {
+  emu::committed.push_back(std::move(emu::open_group));
+  emu::open_group.clear();
+}
+inline void cp_async_wait(int n) {
+  while (static_cast<int>(emu::committed.size()) > n) {
+    emu::land(emu::committed.front());
+    emu::committed.erase(emu::committed.begin());
+  }
+}
+/// A 16-byte vector access on the GPU needs a 16-byte aligned address; x86 would not complain.
+inline void check_aligned16(const void* p) {
+  if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) emu::misaligned.fetch_add(1);
+}
+}  // namespace dualcast::attention_detail::kernels::emulation
+
+namespace emu {
+template <class... A>
+void launch(void (*kernel)(A...), unsigned blocks, unsigned threads, std::size_t smem, A... args) {
+  grid.x = blocks;
+  for (unsigned b = 0; b < blocks; ++b) {
+    std::vector<unsigned char> buf(smem + 64, 0xFF);  // NaN poison: unwritten shared memory shows
+    auto* base = reinterpret_cast<unsigned char*>((reinterpret_cast<std::uintptr_t>(buf.data()) + 63) / 64 * 64);
+    Block block;
+    block.bar = std::make_unique<std::barrier<>>(threads);
+    for (unsigned w = 0; w < (threads + 31) / 32; ++w) block.warp_bar[w] = std::make_unique<std::barrier<>>(32);
+    block.smem = base;
+    std::vector<std::thread> ts;
+    for (unsigned t = 0; t < threads; ++t)
+      ts.emplace_back([&, t, b] {
+        blk = &block;
+        tid.x = t;
+        bid.x = b;
+        kernel(args...);
+        long left = static_cast<long>(open_group.size());
+        for (const auto& g : committed) left += static_cast<long>(g.size());
+        if (left) unwaited_copies.fetch_add(left);
+        open_group.clear();
+        committed.clear();
+      });
+    for (auto& t : ts) t.join();
+  }
+}
+}  // namespace emu

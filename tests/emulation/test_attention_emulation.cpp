@@ -1,0 +1,262 @@
+// test_attention_emulation.cpp: the fused attention kernels (src/attention_kernels.cuh), their very
+// code, run on the CPU under cuda_emulation.hpp, against a float64 reference of the output, the
+// log-sum-exp and the three gradients. Every tile shape the launchers use (float32 and float64, head
+// dims padded to 32, 64, 128, both float32 forward tile heights), causal and all mask kinds,
+// lengths that are no multiple of any tile, fully masked rows, head dims that are no multiple of 4
+// (the scalar paths); no 16-byte access may be misaligned, no asynchronous copy left unwaited. This
+// is how the kernels' logic is checked on machines without a GPU (CI); the CUDA tests in
+// test_attention.cu check the same on a device.
+#include <gtest/gtest.h>
+
+#include "cuda_emulation.hpp"
+// the emulation must come first
+#include "attention_kernels.cuh"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace dualcast::attention_detail {
+namespace {
+
+using namespace kernels;
+
+struct Case {
+  std::int64_t B, H, Sq, Sk, D;
+  bool causal;
+  int mask;  // 0 none, 1 boolean key padding [B, 1, 1, Sk] (batch 0 all masked), 2 additive [Sq, Sk]
+             // with -inf entries and one fully masked row, 3 boolean [B, H, Sq, Sk]
+};
+
+struct Reference {
+  std::vector<double> o, lse2, dq, dk, dv;
+};
+
+/// Forward and backward from the definition, in double (lse in base 2, -inf for masked rows).
+Reference reference(const Case& c, const std::vector<double>& q, const std::vector<double>& k,
+                    const std::vector<double>& v, const std::vector<double>& dout,
+                    const std::vector<double>& mask, double scale) {
+  const std::int64_t Sq = c.Sq, Sk = c.Sk, D = c.D, BH = c.B * c.H;
+  Reference r;
+  r.o.assign(static_cast<std::size_t>(BH * Sq * D), 0.0);
+  r.lse2.assign(static_cast<std::size_t>(BH * Sq), -INFINITY);
+  r.dq.assign(r.o.size(), 0.0);
+  r.dk.assign(static_cast<std::size_t>(BH * Sk * D), 0.0);
+  r.dv.assign(r.dk.size(), 0.0);
+  std::vector<double> s(static_cast<std::size_t>(Sk)), p(s.size()), dp(s.size());
+  const auto at = [](std::int64_t i) { return static_cast<std::size_t>(i); };
+  for (std::int64_t bh = 0; bh < BH; ++bh)
+    for (std::int64_t i = 0; i < Sq; ++i) {
+      double m = -INFINITY;
+      for (std::int64_t j = 0; j < Sk; ++j) {
+        double x = 0.0;
+        for (std::int64_t d = 0; d < D; ++d) x += q[at((bh * Sq + i) * D + d)] * k[at((bh * Sk + j) * D + d)];
+        x *= scale;
+        const double mv = mask.empty() ? 0.0 : mask[at((bh * Sq + i) * Sk + j)];
+        if (c.causal && j > i) x = -INFINITY;
+        else if ((c.mask == 1 || c.mask == 3) && mv == 0.0) x = -INFINITY;
+        else if (c.mask == 2) x += mv;
+        s[at(j)] = x;
+        m = std::max(m, x);
+      }
+      if (m == -INFINITY) continue;
+      double z = 0.0;
+      for (std::int64_t j = 0; j < Sk; ++j) z += std::exp(s[at(j)] - m);
+      r.lse2[at(bh * Sq + i)] = (m + std::log(z)) / std::log(2.0);
+      for (std::int64_t j = 0; j < Sk; ++j) p[at(j)] = std::exp(s[at(j)] - m) / z;
+      double dot = 0.0;
+      for (std::int64_t j = 0; j < Sk; ++j) {
+        dp[at(j)] = 0.0;
+        for (std::int64_t d = 0; d < D; ++d) {
+          r.o[at((bh * Sq + i) * D + d)] += p[at(j)] * v[at((bh * Sk + j) * D + d)];
+          dp[at(j)] += dout[at((bh * Sq + i) * D + d)] * v[at((bh * Sk + j) * D + d)];
+        }
+        dot += dp[at(j)] * p[at(j)];
+      }
+      for (std::int64_t j = 0; j < Sk; ++j) {
+        const double ds = p[at(j)] * (dp[at(j)] - dot) * scale;
+        for (std::int64_t d = 0; d < D; ++d) {
+          r.dq[at((bh * Sq + i) * D + d)] += ds * k[at((bh * Sk + j) * D + d)];
+          r.dk[at((bh * Sk + j) * D + d)] += ds * q[at((bh * Sq + i) * D + d)];
+          r.dv[at((bh * Sk + j) * D + d)] += p[at(j)] * dout[at((bh * Sq + i) * D + d)];
+        }
+      }
+    }
+  return r;
+}
+
+/// max |got - want| / max(1, max |want|) over finite entries; equal infinities agree; NaN fails.
+template <class T>
+double array_error(const std::vector<T>& got, const std::vector<double>& want) {
+  double worst = 0.0, scale = 1.0;
+  for (double x : want)
+    if (std::isfinite(x)) scale = std::max(scale, std::fabs(x));
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double g = static_cast<double>(got[i]), w = want[i];
+    if (std::isinf(w) && g == w) continue;
+    const double e = std::fabs(g - w);
+    if (!(e <= INFINITY)) return INFINITY;
+    worst = std::max(worst, e);
+  }
+  return worst / scale;
+}
+
+template <class T, int D_PAD, int TM, int TK>
+void run(const Case& c, unsigned seed) {
+  SCOPED_TRACE(::testing::Message() << (sizeof(T) == 4 ? "float32" : "float64") << " D_PAD=" << D_PAD << " TM="
+                                    << TM << " TK=" << TK << " B=" << c.B << " H=" << c.H << " Sq=" << c.Sq
+                                    << " Sk=" << c.Sk << " D=" << c.D << " causal=" << c.causal
+                                    << " mask=" << c.mask);
+  std::mt19937 gen(seed);
+  std::normal_distribution<double> normal;
+  std::uniform_real_distribution<double> uniform;
+  const std::int64_t B = c.B, H = c.H, Sq = c.Sq, Sk = c.Sk, D = c.D;
+  const auto values = [&](std::int64_t n) {
+    std::vector<T> v(static_cast<std::size_t>(n));
+    for (auto& x : v) x = static_cast<T>(normal(gen));
+    return v;
+  };
+  const std::vector<T> q = values(B * H * Sq * D), k = values(B * H * Sk * D), v = values(B * H * Sk * D),
+                       dout = values(B * H * Sq * D);
+  const auto wide = [](const std::vector<T>& a) { return std::vector<double>(a.begin(), a.end()); };
+
+  std::vector<std::uint8_t> keep;
+  std::vector<T> add;
+  std::vector<double> full;  // the mask broadcast to [B, H, Sq, Sk] for the reference
+  MaskView mv;
+  const auto full_from = [&](auto&& value_at) {
+    full.resize(static_cast<std::size_t>(B * H * Sq * Sk));
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t h = 0; h < H; ++h)
+        for (std::int64_t i = 0; i < Sq; ++i)
+          for (std::int64_t j = 0; j < Sk; ++j)
+            full[static_cast<std::size_t>(((b * H + h) * Sq + i) * Sk + j)] = value_at(b, h, i, j);
+  };
+  if (c.mask == 1) {
+    keep.resize(static_cast<std::size_t>(B * Sk));
+    for (std::size_t j = 0; j < keep.size(); ++j) keep[j] = j >= static_cast<std::size_t>(Sk) && uniform(gen) < 0.8;
+    mv = MaskView{keep.data(), MaskKind::boolean, Sk, 0, 0, 1};
+    full_from([&](auto b, auto, auto, auto j) { return double(keep[static_cast<std::size_t>(b * Sk + j)]); });
+  } else if (c.mask == 2) {
+    add.resize(static_cast<std::size_t>(Sq * Sk));
+    for (auto& x : add) x = uniform(gen) < 0.1 ? static_cast<T>(-INFINITY) : static_cast<T>(normal(gen));
+    const std::int64_t dead = std::min<std::int64_t>(3, Sq - 1);
+    for (std::int64_t j = 0; j < Sk; ++j) add[static_cast<std::size_t>(dead * Sk + j)] = static_cast<T>(-INFINITY);
+    mv = MaskView{add.data(), MaskKind::additive, 0, 0, Sk, 1};
+    full_from([&](auto, auto, auto i, auto j) { return double(add[static_cast<std::size_t>(i * Sk + j)]); });
+  } else if (c.mask == 3) {
+    keep.resize(static_cast<std::size_t>(B * H * Sq * Sk));
+    for (auto& x : keep) x = uniform(gen) < 0.7;
+    mv = MaskView{keep.data(), MaskKind::boolean, H * Sq * Sk, Sq * Sk, Sk, 1};
+    full.assign(keep.begin(), keep.end());
+  }
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  const Reference ref = reference(c, wide(q), wide(k), wide(v), wide(dout), full, scale);
+  emu::misaligned = 0;
+  emu::unwaited_copies = 0;
+
+  // Forward, as launch_forward does.
+  std::vector<T> o(q.size(), T(777)), lse(static_cast<std::size_t>(B * H * Sq), T(777));
+  FwdParams<T> fp{};
+  fp.q = q.data();
+  fp.k = k.data();
+  fp.v = v.data();
+  fp.o = o.data();
+  fp.lse = lse.data();
+  fp.mask = mv;
+  fp.heads = B * H;
+  fp.H = H;
+  fp.Sq = Sq;
+  fp.Sk = Sk;
+  fp.D = D;
+  fp.q_tiles = static_cast<int>((Sq + kWarps * 4 * TM - 1) / (kWarps * 4 * TM));
+  fp.causal = c.causal;
+  fp.vec = D % 4 == 0;
+  fp.smul = static_cast<T>(scale * kLog2e);
+  fp.mask_mul = static_cast<T>(kLog2e);
+  emu::launch(&attention_forward_kernel<T, D_PAD, TM>, static_cast<unsigned>(fp.heads * fp.q_tiles), kThreads,
+              fwd_smem_bytes<T, D_PAD, TM>(), fp);
+
+  // Backward, as launch_backward does.
+  const std::int64_t rows = B * H * Sq;
+  std::vector<T> delta(static_cast<std::size_t>(rows), T(777));
+  emu::launch(&attention_backward_delta_kernel<T>, static_cast<unsigned>((rows + 7) / 8), 256u, 0,
+              static_cast<const T*>(o.data()), static_cast<const T*>(dout.data()), delta.data(), rows, D);
+  std::vector<T> dq(q.size(), T(0)), dk(k.size(), T(777)), dv(v.size(), T(777));
+  BwdParams<T> bp{};
+  bp.q = q.data();
+  bp.k = k.data();
+  bp.v = v.data();
+  bp.dout = dout.data();
+  bp.lse = lse.data();
+  bp.delta = delta.data();
+  bp.dq = dq.data();
+  bp.dk = dk.data();
+  bp.dv = dv.data();
+  bp.mask = mv;
+  bp.heads = B * H;
+  bp.H = H;
+  bp.Sq = Sq;
+  bp.Sk = Sk;
+  bp.D = D;
+  bp.k_tiles = static_cast<int>((Sk + kWarps * 4 * TK - 1) / (kWarps * 4 * TK));
+  bp.causal = c.causal;
+  bp.vec = D % 4 == 0;
+  bp.smul = static_cast<T>(scale * kLog2e);
+  bp.mask_mul = static_cast<T>(kLog2e);
+  bp.scale = static_cast<T>(scale);
+  emu::launch(&attention_backward_kernel<T, D_PAD, TK>, static_cast<unsigned>(bp.heads * bp.k_tiles), kThreads,
+              bwd_smem_bytes<T, D_PAD, TK>(), bp);
+
+  // float32: the same sums in another order (kSameResultTolFloat); float64: rounding only.
+  const double tol = sizeof(T) == 4 ? 1e-4 : 1e-12;
+  EXPECT_LE(array_error(o, ref.o), tol) << "output";
+  EXPECT_LE(array_error(lse, ref.lse2), tol) << "log-sum-exp";
+  EXPECT_LE(array_error(dq, ref.dq), tol) << "dq";
+  EXPECT_LE(array_error(dk, ref.dk), tol) << "dk";
+  EXPECT_LE(array_error(dv, ref.dv), tol) << "dv";
+  EXPECT_EQ(emu::misaligned.load(), 0) << "misaligned 16-byte accesses";
+  EXPECT_EQ(emu::unwaited_copies.load(), 0) << "asynchronous copies never waited for";
+}
+
+/// Every tile shape the launchers use for this head dimension (attention_fused.cu: Config).
+void run_all(const Case& c, unsigned seed) {
+  if (c.D <= 32) {
+    run<float, 32, 4, 4>(c, seed);
+    run<double, 32, 4, 2>(c, seed + 1);
+  } else if (c.D <= 64) {
+    run<float, 64, 8, 4>(c, seed);
+    run<float, 64, 4, 4>(c, seed + 1);
+    run<double, 64, 4, 2>(c, seed + 2);
+  } else {
+    run<float, 128, 4, 2>(c, seed);
+    run<double, 128, 2, 1>(c, seed + 1);
+  }
+}
+
+TEST(AttentionKernelsEmulated, MatchReferenceWithoutMask) {
+  run_all({1, 1, 5, 7, 4, false, 0}, 1);
+  run_all({2, 1, 130, 67, 33, false, 0}, 2);
+  run_all({1, 1, 1, 1, 1, false, 0}, 3);
+}
+
+TEST(AttentionKernelsEmulated, CausalMatchesReferenceAtLengthsThatAreNoMultipleOfAnyTile) {
+  run_all({1, 2, 37, 37, 16, true, 0}, 10);
+  run_all({2, 1, 130, 67, 33, true, 0}, 11);
+  run_all({1, 1, 67, 150, 64, true, 0}, 12);
+  run_all({1, 1, 200, 200, 80, true, 0}, 13);
+}
+
+TEST(AttentionKernelsEmulated, MasksMatchReferenceAndFullyMaskedRowsGiveZeros) {
+  run_all({2, 1, 70, 130, 64, false, 1}, 20);
+  run_all({3, 2, 70, 45, 20, true, 1}, 21);
+  run_all({2, 2, 67, 67, 64, true, 2}, 22);
+  run_all({1, 2, 129, 65, 64, false, 3}, 23);
+  run_all({1, 1, 40, 70, 100, false, 2}, 24);
+}
+
+}  // namespace
+}  // namespace dualcast::attention_detail
