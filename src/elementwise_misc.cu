@@ -1,6 +1,8 @@
 // elementwise_misc.cu: pow, min, max, hypot, fma, clamp, select; comparisons and logical ops.
 #include "elementwise_ops.hpp"
 
+#include <type_traits>
+
 #include "dualcast/parallel.hpp"
 
 namespace dualcast {
@@ -39,19 +41,22 @@ namespace {
 
 enum class Cmp { eq, ne, lt, le, gt, ge, land, lor };
 
-template <class T>
+/// Compares elements of type T in type C: T itself for floats (a number operand is converted to T,
+/// as in all mixed arithmetic), double for uint8 masks, so that `mask < 0.5` compares 0 and 1 with
+/// 0.5 rather than with 0.5 truncated to an integer (and a negative number never wraps around).
+template <class T, class C>
 struct CompareBody {
   BroadcastIndexer<2> ix;
   const T* a;
   const T* b;
-  T sa, sb;
+  C sa, sb;
   std::uint8_t* out;
   Cmp op;
   DUALCAST_HD void operator()(std::int64_t i) const {
     std::int64_t off[2];
     ix.offsets(i, off);
-    const T x = a ? a[off[0]] : sa;
-    const T y = b ? b[off[1]] : sb;
+    const C x = a ? static_cast<C>(a[off[0]]) : sa;
+    const C y = b ? static_cast<C>(b[off[1]]) : sb;
     bool r = false;
     switch (op) {
       case Cmp::eq: r = x == y; break;
@@ -60,8 +65,8 @@ struct CompareBody {
       case Cmp::le: r = x <= y; break;
       case Cmp::gt: r = x > y; break;
       case Cmp::ge: r = x >= y; break;
-      case Cmp::land: r = (x != T(0)) && (y != T(0)); break;
-      case Cmp::lor: r = (x != T(0)) || (y != T(0)); break;
+      case Cmp::land: r = (x != C(0)) && (y != C(0)); break;
+      case Cmp::lor: r = (x != C(0)) || (y != C(0)); break;
     }
     out[i] = r ? 1 : 0;
   }
@@ -92,15 +97,20 @@ Tensor compare(const char* op_name, Cmp op, Operand a, Operand b) {
   Tensor out = Tensor::empty(out_shape, DType::uint8, ref.device());
   dispatch_all(ref.dtype(), op_name, [&](auto tag) {
     using T = decltype(tag);
-    CompareBody<T> body{};
+    using C = std::conditional_t<std::is_same_v<T, std::uint8_t>, double, T>;
+    CompareBody<T, C> body{};
     body.ix = make_indexer<2>(out_shape, {a.t.defined() ? a.t.shape() : Shape{},
                                           b.t.defined() ? b.t.shape() : Shape{}});
     body.a = a.t.defined() ? a.t.template data<T>() : nullptr;
     body.b = b.t.defined() ? b.t.template data<T>() : nullptr;
     if (!body.a) body.ix.access[0] = Access::scalar;
     if (!body.b) body.ix.access[1] = Access::scalar;
-    body.sa = static_cast<T>(a.v);
-    body.sb = static_cast<T>(b.v);
+    const auto number = [](double v) -> C {
+      if constexpr (std::is_same_v<C, T>) return static_cast<T>(v);
+      else return v;
+    };
+    body.sa = number(a.v);
+    body.sb = number(b.v);
     body.out = out.data<std::uint8_t>();
     body.op = op;
     parallel_for(ref.device(), out_shape.numel(), body);
