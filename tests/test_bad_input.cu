@@ -102,9 +102,7 @@ std::vector<BadInput> bad_inputs() {
       // ---- broadcast (mixed mode) ------------------------------------------------------------------
       DC_ROW("broadcast", S({"broadcast", "'#0'", "[2, 3]", "'#1'", "[4, 3]"}), broadcast(Square{}, p, y)),
       DC_ROW("broadcast", S({"broadcast", "float64", "float32", "[2, 3]"}), broadcast(Square{}, p, x64)),
-      // broadcast() reads an undefined Var's value before its own checks (describe_arg), so this
-      // message does not name broadcast.
-      DC_ROW("broadcast", S({"Var::value", "undefined"}), broadcast(Square{}, p, Var())),
+      DC_ROW("broadcast", S({"broadcast", "argument #1", "undefined Var"}), broadcast(Square{}, p, Var())),
       DC_ROW("broadcast", S({"broadcast", "plain numbers"}), broadcast(Square{}, 1.0f, 2.0f)),
       DC_ROW("broadcast", S({"broadcast", "[0, 1099511627776, 1099511627776]", "64-bit"}),
              broadcast(Square{}, Var::param(Tensor::zeros({0, 1LL << 40, 1}, DType::float32, d)),

@@ -108,7 +108,9 @@ template <class A>
 ArgInfo describe_arg(const A& a) {
   ArgInfo info;
   info.kind = arg_kind_v<A>;
-  if constexpr (arg_kind_v<A> == kVarArg) info.tensor = a.value();
+  if constexpr (arg_kind_v<A> == kVarArg) {
+    if (a.defined()) info.tensor = a.value();  // an undefined Var: plan_broadcast names it
+  }
   else if constexpr (arg_kind_v<A> == kTensorArg) info.tensor = a;
   else info.number = static_cast<double>(a);
   return info;
