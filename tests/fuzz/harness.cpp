@@ -85,8 +85,11 @@ void check_devices(Report& rep, const std::vector<Device>& devices,
   for (std::size_t d = 1; d < outcomes.size(); ++d) {
     const Outcome& o = outcomes[d];
     if (o.labels != base.labels) {
+      std::string mine, theirs;
+      for (const auto& l : o.labels) mine += " '" + l + "'";
+      for (const auto& l : base.labels) theirs += " '" + l + "'";
       rep.fail(std::string(dev_label(devices[d])) + " produced other results than " +
-               dev_label(devices[0]) + " (a step failed on one of them)");
+               dev_label(devices[0]) + " (a step failed on one of them):" + mine + " against" + theirs);
       continue;
     }
     for (std::size_t k = 0; k < o.labels.size(); ++k)
@@ -189,7 +192,9 @@ void check_leaf_grads(Report& rep, Outcome& out, const std::vector<Leaf>& leaves
                       double times, bool single, const std::string& prefix) {
   for (std::size_t i = 0; i < leaves.size(); ++i) {
     if (!leaves[i].param) continue;
-    const std::string label = prefix + "grad of leaf" + std::to_string(i);
+    // The Outcome's label has no device prefix: check_devices matches labels across devices.
+    const std::string what = "grad of leaf" + std::to_string(i);
+    const std::string label = prefix + what;
     if (!vars[i].has_grad()) {
       rep.fail(label + ": no gradient after backward");
       continue;
@@ -199,7 +204,7 @@ void check_leaf_grads(Report& rep, Outcome& out, const std::vector<Leaf>& leaves
     for (auto& m : w.mag) m *= times;
     const std::vector<double> got = vars[i].grad().to_vector<double>();
     check_close(rep, label, got, w, single);
-    out.add(label, got, &w);
+    out.add(what, got, &w);
   }
 }
 
