@@ -10,7 +10,9 @@
    statistics after the forward pass and the parameters after one SGD step (same lr, momentum, weight
    decay) are compared with dualcast's. Errors are relative, per tensor: ||torch - dualcast|| /
    ||dualcast||. Tolerances: loss 1e-4, gradients 2e-3, statistics and parameters 1e-4 (float32
-   through 20 batch norms; a wrong gradient is off by O(1)).
+   through 20 batch norms; a wrong gradient is off by O(1)). A tensor outside them still passes when
+   PyTorch's float64 run of the same step shows dualcast's float32 error no larger than 4x
+   PyTorch's own float32 error (cancellation-heavy sums; `validate` says why).
 2. Timing: one training step (zero_grad, forward, cross-entropy, backward, SGD with momentum 0.9 and
    weight decay 5e-4, foreach) at each batch size, for each method: `eager` (cuDNN, cudnn.benchmark
    on: algorithms found per shape as dualcast does) and `compile` (torch.compile of the model, default
@@ -90,13 +92,19 @@ def rel_err(a, b):
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
-def validate(torch, export_dir, device):
+# Tolerances of the direct comparison, per tensor (float32 through 20 batch norms; a wrong gradient
+# is off by O(1)), and the slack of the float64 judgement below.
+TOL = {"loss": 1e-4, "grads": 2e-3, "running_stats": 1e-4, "params_after_step": 1e-4}
+FLOAT64_SLACK = 4.0
+
+
+def training_step(torch, man, load, device, dtype):
+    """One training step of the exported model and batch in `dtype`: the loss, every parameter's
+    gradient, the running statistics after the forward pass and the parameters after one SGD step,
+    as float64 numpy arrays by name."""
     import torch.nn.functional as F
 
-    with open(os.path.join(export_dir, "manifest.json")) as fh:
-        man = json.load(fh)
-    load = lambda sub, name: np.load(os.path.join(export_dir, sub, name + ".npy"))
-    model = build_model(man["width"]).to(device)
+    model = build_model(man["width"]).to(device=device, dtype=dtype)
     state = model.state_dict()
     for sub, p in [("params", p) for p in man["params"]] + [("buffers", b) for b in man["buffers"]]:
         arr = load(sub, p["name"])
@@ -107,34 +115,63 @@ def validate(torch, export_dir, device):
     for m in model.modules():
         if isinstance(m, torch.nn.BatchNorm2d):
             m.momentum, m.eps = man["bn_momentum"], man["bn_eps"]
-    x = torch.from_numpy(np.load(os.path.join(export_dir, "x.npy"))).to(device)
-    y = torch.from_numpy(np.load(os.path.join(export_dir, "y.npy"))).to(device).long()
+    x = torch.from_numpy(load(".", "x")).to(device=device, dtype=dtype)
+    y = torch.from_numpy(load(".", "y")).to(device).long()
     opt = torch.optim.SGD(model.parameters(), lr=man["lr"], momentum=man["momentum"],
                           weight_decay=man["weight_decay"])
     model.train()
     opt.zero_grad(set_to_none=True)
     loss = F.cross_entropy(model(x), y, label_smoothing=man["label_smoothing"])
     loss.backward()
-    named = dict(model.named_parameters())
-    buffers = dict(model.named_buffers())
-    rec = {"loss_torch": float(loss.item()), "loss_dualcast": float(man["loss"])}
-    rec["loss_rel_err"] = abs(rec["loss_torch"] - rec["loss_dualcast"]) / abs(rec["loss_dualcast"])
-
-    def worst(pairs):
-        w = max(pairs, key=lambda t: t[1])
-        return {"max_rel_err": w[1], "at": w[0], "n": len(pairs)}
-
-    rec["grads"] = worst([(p["name"], rel_err(named[p["name"]].grad.cpu().numpy(), load("grads", p["name"])))
-                          for p in man["params"]])
-    rec["running_stats"] = worst([(b["name"], rel_err(buffers[b["name"]].cpu().numpy(), load("buffers_after", b["name"])))
-                                  for b in man["buffers"]])
+    named, buffers = dict(model.named_parameters()), dict(model.named_buffers())
+    as_np = lambda t: t.detach().cpu().double().numpy()
+    out = {"loss": float(loss.item()),
+           "grads": {p["name"]: as_np(named[p["name"]].grad) for p in man["params"]},
+           "running_stats": {b["name"]: as_np(buffers[b["name"]]) for b in man["buffers"]}}
     opt.step()
-    rec["params_after_step"] = worst([(p["name"], rel_err(named[p["name"]].detach().cpu().numpy(),
-                                                          load("params_after", p["name"])))
-                                      for p in man["params"]])
-    rec["ok"] = bool(rec["loss_rel_err"] <= 1e-4 and rec["grads"]["max_rel_err"] <= 2e-3
-                     and rec["running_stats"]["max_rel_err"] <= 1e-4
-                     and rec["params_after_step"]["max_rel_err"] <= 1e-4)
+    out["params_after_step"] = {p["name"]: as_np(named[p["name"]]) for p in man["params"]}
+    return out
+
+
+def validate(torch, export_dir, device):
+    """dualcast's exported step against PyTorch's. Two judgements per tensor:
+    - direct: ||torch32 - dualcast|| / ||dualcast|| within TOL (what a user compares first);
+    - against float64: the same step run by PyTorch in float64 is the truth, and dualcast's float32
+      error against it may be at most FLOAT64_SLACK times PyTorch's own float32 error (or within TOL).
+    A tensor passes when either holds. The second exists because some gradients are sums with heavy
+    cancellation (a batch-norm bias deep in the network at initialisation: dy - mean(dy) over
+    thousands of terms), where two correct float32 implementations that sum in different orders
+    differ by more than TOL from each other while each stays as close to the float64 result as the
+    other."""
+    with open(os.path.join(export_dir, "manifest.json")) as fh:
+        man = json.load(fh)
+    load = lambda sub, name: np.load(os.path.join(export_dir, sub, name + ".npy"))
+    t32 = training_step(torch, man, load, device, torch.float32)
+    t64 = training_step(torch, man, load, device, torch.float64)
+    dc = {"loss": float(man["loss"]),
+          "grads": {p["name"]: load("grads", p["name"]) for p in man["params"]},
+          "running_stats": {b["name"]: load("buffers_after", b["name"]) for b in man["buffers"]},
+          "params_after_step": {p["name"]: load("params_after", p["name"]) for p in man["params"]}}
+    rec = {"loss_torch": t32["loss"], "loss_dualcast": dc["loss"], "loss_torch_float64": t64["loss"],
+           "loss_rel_err": abs(t32["loss"] - dc["loss"]) / abs(dc["loss"]),
+           "tolerances": TOL, "float64_slack": FLOAT64_SLACK}
+    ok = rec["loss_rel_err"] <= TOL["loss"]
+    for key in ("grads", "running_stats", "params_after_step"):
+        rows = []
+        for name, ref in t64[key].items():
+            direct = rel_err(t32[key][name], dc[key][name])
+            e_dc, e_pt = rel_err(dc[key][name], ref), rel_err(t32[key][name], ref)
+            passed = direct <= TOL[key] or e_dc <= max(TOL[key], FLOAT64_SLACK * e_pt)
+            rows.append((name, direct, e_dc, e_pt, passed))
+        worst = max(rows, key=lambda r: r[1])
+        failed = [r[0] for r in rows if not r[4]]
+        rec[key] = {"max_rel_err": worst[1], "at": worst[0], "n": len(rows),
+                    "at_vs_float64": {"dualcast": worst[2], "torch": worst[3]},
+                    "max_rel_err_vs_float64": {"dualcast": max(r[2] for r in rows),
+                                               "torch": max(r[3] for r in rows)},
+                    "failed": failed}
+        ok = ok and not failed
+    rec["ok"] = bool(ok)
     rec["batch"], rec["width"] = man["batch"], man["width"]
     rec["dualcast_device"], rec["dualcast_conv_backend"] = man.get("device_name"), man.get("conv_backend")
     return rec
@@ -240,11 +277,15 @@ def main():
     if args.export:
         v = validate(torch, args.export, "cuda")
         rec["validation"] = v
-        print("peer_torch: validation %s: loss %.8g (dualcast %.8g, rel %.2e); gradients max rel %.2e (%s); "
-              "running stats %.2e; params after SGD %.2e"
+        g = v["grads"]
+        print("peer_torch: validation %s: loss %.8g (dualcast %.8g, rel %.2e); gradients max rel %.2e (%s: "
+              "against float64 dualcast %.2e, torch %.2e); running stats %.2e; params after SGD %.2e; "
+              "failed: %s"
               % ("PASSED" if v["ok"] else "FAILED", v["loss_torch"], v["loss_dualcast"], v["loss_rel_err"],
-                 v["grads"]["max_rel_err"], v["grads"]["at"], v["running_stats"]["max_rel_err"],
-                 v["params_after_step"]["max_rel_err"]), flush=True)
+                 g["max_rel_err"], g["at"], g["at_vs_float64"]["dualcast"], g["at_vs_float64"]["torch"],
+                 v["running_stats"]["max_rel_err"], v["params_after_step"]["max_rel_err"],
+                 ", ".join(g["failed"] + v["running_stats"]["failed"] + v["params_after_step"]["failed"])
+                 or "none"), flush=True)
         if not v["ok"]:
             rc = 1
     profile = args.profile.split(":") if args.profile else None

@@ -61,6 +61,12 @@ def main():
                          "SGD step %.1e." % (v["batch"], v["width"], "passed" if v["ok"] else "FAILED",
                                              v["loss_rel_err"], v["grads"]["max_rel_err"], v["grads"]["at"],
                                              v["running_stats"]["max_rel_err"], v["params_after_step"]["max_rel_err"]))
+            g64 = v["grads"].get("max_rel_err_vs_float64")
+            if g64:
+                lines.append("Against PyTorch's float64 run of the same step, the largest gradient error is %.1e for "
+                             "dualcast and %.1e for PyTorch float32 (a tensor passes within %gx of PyTorch's own "
+                             "error); failed: %s." % (g64["dualcast"], g64["torch"], v.get("float64_slack", 4),
+                                                      ", ".join(v["grads"]["failed"]) or "none"))
     t = {(fw, m, b): ms for fw, m, b, ms, _ in rows if ms}
     if ("dualcast", "eager", 256) in t:
         d = t[("dualcast", "eager", 256)]
