@@ -3,7 +3,7 @@
 # verification record, scripts/record-gpu-verified) on a machine without a GPU: fake GoogleTest
 # binaries in a fake build directory, and a fake compute-sanitizer and nvidia-smi on PATH whose
 # findings the environment chooses (FAKE_ERRORS=tool:binary, FAKE_TOOLERR=tool:binary,
-# FAKE_FAIL=binary, FAKE_NODEV=binary, FAKE_SLEEP=binary). tests/CMakeLists.txt runs each case as a
+# FAKE_FAIL=binary, FAKE_NODEV=binary, FAKE_SLEEP=binary, FAKE_NOCUDA=binary: no CUDA call at all). tests/CMakeLists.txt runs each case as a
 # ctest (GpuScripts.*).
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -65,6 +65,9 @@ while [ $# -gt 0 ]; do
 done
 name=$(basename "$1")
 "$@"; rc=$?
+if [ "${FAKE_NOCUDA:-}" = "$name" ]; then
+  echo "========= Target application terminated before first instrumented API call"; exit $rc
+fi
 if [ "${FAKE_TOOLERR:-}" = "$tool:$name" ]; then echo "========= Error: Device not supported"; exit 255; fi
 errs=0
 if [ "${FAKE_ERRORS:-}" = "$tool:$name" ]; then echo "========= Invalid __global__ write of size 4 bytes"; errs=2; fi
@@ -82,7 +85,7 @@ cat >"$tmp/bin/nvidia-smi" <<'EOS'
 EOS
 chmod +x "$tmp/bin/compute-sanitizer" "$tmp/bin/nvidia-smi"
 export PATH="$tmp/bin:$PATH"
-unset OUT COMPUTE_SANITIZER FAKE_ERRORS FAKE_TOOLERR FAKE_FAIL FAKE_NODEV FAKE_SLEEP
+unset OUT COMPUTE_SANITIZER FAKE_ERRORS FAKE_TOOLERR FAKE_FAIL FAKE_NODEV FAKE_SLEEP FAKE_NOCUDA
 sanitize() { "$root/scripts/gpu-sanitize" --build-dir "$tmp/build" --log "$tmp/sanitize.log" "$@" >"$tmp/stdout" 2>&1; }
 
 # ---- cases -----------------------------------------------------------------------------------------
@@ -123,6 +126,16 @@ case_only_the_chosen_tools_and_binaries_run() {
   COMPUTE_SANITIZER=/nonexistent/compute-sanitizer "$root/scripts/gpu-sanitize" --build-dir "$tmp/build" >"$tmp/stdout" 2>&1
   [ $? -eq 2 ] || fail "a missing compute-sanitizer is not an error of its own"
   expect "$tmp/stdout" 'is compute-sanitizer installed'
+}
+
+case_a_binary_without_cuda_calls_is_clean_but_a_missing_summary_otherwise_fails() {
+  FAKE_NOCUDA=test_beta sanitize --summary "$tmp/summary" || fail "exit $? with a host-only binary"
+  expect "$tmp/stdout" '^memcheck test_beta: clean \(no CUDA call\), 1 tests, [0-9]+ s$'
+  expect "$tmp/summary" '^sanitize memcheck: clean, 2 binaries, 4 tests'
+  # The same line after a failing test is no excuse.
+  FAKE_NOCUDA=test_beta FAKE_FAIL=test_beta sanitize --tools memcheck --summary "$tmp/summary"
+  [ $? -eq 1 ] || fail "a failing host-only binary passed"
+  expect "$tmp/summary" '^sanitize memcheck: FAILED: test_beta: 1 failed tests'
 }
 
 case_sanitizer_errors_fail_their_tool_and_show_the_findings() {
