@@ -1,8 +1,14 @@
-"""A CPU test double with the peers' interface (method 'numpy', for --selftest and smoke runs).
+"""NumPy on the CPU, two methods with the peers' interface.
 
-It runs the backend-generic code of hmlstm.py on npad (numpy autodiff) in float32 and times with
-wall-clock.  It is not a peer and its timings mean nothing; it lets the whole orchestration
-(validation, timing loop, JSON records) run on a machine without torch and jax.
+'numpy': a test double (for --selftest and smoke runs). It runs the backend-generic code of
+hmlstm.py on npad (numpy autodiff) in float32 and times with wall-clock. It is not a peer and its
+timings mean nothing; it lets the whole orchestration (validation, timing loop, JSON records) run on
+a machine without torch and jax.
+
+'numpy_hand': the CPU peer of issue 10, workload a only: the cell update and its four gradients
+written out by hand as a NumPy user would (float32, one array expression after another, each a pass
+over memory; NumPy's elementwise loops are single-threaded), timed by wall clock. Any CPU
+implementation of mixed mode should beat it.
 """
 
 import time
@@ -44,6 +50,8 @@ class Backend:
             self.skip_reason = "skipped: 'numpy' is a CPU test double (pass --allow-cpu)"
 
     def describe(self):
+        if self.method == "numpy_hand":
+            return "numpy %s, hand-written derivative (float32, single-threaded, CPU wall time)" % np.__version__
         return "numpy %s test double (npad autodiff, float32, CPU wall time)" % np.__version__
 
     def begin_config(self):
@@ -53,6 +61,10 @@ class Backend:
         pass
 
     def cell_session(self, workload, host_sets):
+        if self.method == "numpy_hand":
+            if workload != "a":
+                raise NotImplementedError("numpy_hand implements workload a only (pass --workloads a)")
+            return _HandCellSession(host_sets)
         return _CellSession(workload, host_sets)
 
     def model_session(self, P, token_sets, a, lr):
@@ -82,6 +94,39 @@ class _CellSession:
 
     def grads(self, rows=None):
         g = self.call(self.sets[0])
+        return {n: (v if rows is None else v[rows]) for n, v in g.items()}
+
+    def time(self, reps, warmup):
+        return time_loop(self.call, self.sets, reps, warmup)
+
+
+class _HandCellSession:
+    """Workload a: out = z ? sig(i) tanh(g) : (zb == 0 ? c : sig(f) c + sig(i) tanh(g)) with its
+    gradients for c, f, i, g given the adjoint, derivative rules written out by hand."""
+    note = "hand-written derivative"
+
+    def __init__(self, host_sets):
+        self.sets = [{k: np.asarray(v, np.float32) for k, v in hs.items()} for hs in host_sets]
+
+    @staticmethod
+    def call(d):
+        one = np.float32(1)
+        flush = d["z"] == 1                  # [dims, 1]: broadcast over columns
+        keep = np.logical_and(~flush, d["zb"] == 0)
+        update = np.logical_and(~flush, ~keep)
+        si = one / (one + np.exp(-d["i"]))
+        sf = one / (one + np.exp(-d["f"]))
+        tg = np.tanh(d["g"])
+        c, adj = d["c"], d["adj"]
+        out = np.where(flush, si * tg, np.where(keep, c, sf * c + si * tg))
+        dc = adj * np.where(flush, np.float32(0), np.where(keep, one, sf))
+        df = adj * np.where(update, c * sf * (one - sf), np.float32(0))
+        di = adj * np.where(keep, np.float32(0), tg * si * (one - si))
+        dg = adj * np.where(keep, np.float32(0), si * (one - tg * tg))
+        return out, {"c": dc, "f": df, "i": di, "g": dg}
+
+    def grads(self, rows=None):
+        g = self.call(self.sets[0])[1]
         return {n: (v if rows is None else v[rows]) for n, v in g.items()}
 
     def time(self, reps, warmup):

@@ -32,9 +32,10 @@ import valdir as VD  # noqa: E402
 from hmlstm import PARAM_NAMES  # noqa: E402
 
 WORKLOADS = ("a", "b", "e")
-METHODS = ("eager", "compile", "jax", "jax_remat", "numpy")
+METHODS = ("eager", "compile", "jax", "jax_remat", "numpy", "numpy_hand")
 DEFAULT_METHODS = ("eager", "compile", "jax")
-FRAMEWORK = {"eager": "torch", "compile": "torch", "jax": "jax", "jax_remat": "jax", "numpy": "numpy"}
+FRAMEWORK = {"eager": "torch", "compile": "torch", "jax": "jax", "jax_remat": "jax", "numpy": "numpy",
+             "numpy_hand": "numpy"}
 L2_BYTES = 50 * 2 ** 20          # H100 / H200 L2 is 50 MB
 REF_ROWS = 64                    # rows of each timing input checked against the numpy reference
 E_CHECK = {"H": 16, "B": 4, "T": 12}   # small model checked against the numpy reference
@@ -107,7 +108,8 @@ def build_parser():
                "(AOTAutograd compiles the backward); jax = jit(vjp) with forward and backward as "
                "separate jitted phases (a, b) and jit(value_and_grad) over lax.scan (e); jax_remat = "
                "jax with the broadcast function under jax.checkpoint (not in the default set); "
-               "numpy = a CPU test double (needs --allow-cpu; timings meaningless). "
+               "numpy = a CPU test double (needs --allow-cpu; timings meaningless); numpy_hand = "
+               "workload a with a hand-written derivative, the CPU peer (needs --allow-cpu). "
                "Output: a JSON list of records, see README.md.")
     p.add_argument("--workloads", type=_csv("workload", WORKLOADS), default=None,
                    help="comma-separated subset of a,b,e (default: a,b,e)")
