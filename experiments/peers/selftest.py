@@ -223,12 +223,12 @@ def model_branch_coverage():
                 check(st[br][l] > 0, "layer %d never took %s in problem H=%d: %s" % (l + 1, br, H, st))
         out.append(str(st))
     # the problem peers.py checks every method against must cover every branch too
-    import peers
-    Pc, tokc, _, _ = peers.e_check_problem(64, 1.0, 0)
+    import checks
+    Pc, tokc, _, _ = checks.e_check_problem(64, 1.0, 0)
     _, _, st = R.ref_e(Pc, tokc, 1.0, return_stats=True)
     for l in (1, 2):
         for br in ("flush", "copy", "update"):
-            check(st[br][l] > 0, "peers.e_check_problem: layer %d never took %s: %s" % (l + 1, br, st))
+            check(st[br][l] > 0, "checks.e_check_problem: layer %d never took %s: %s" % (l + 1, br, st))
     return "; ".join(out)
 
 
@@ -322,18 +322,18 @@ def numpy_backend():
 
 @test
 def validation_accepts_correct_results():
-    import peers
+    import checks
     be = numpy_backend()
     vd = VD.ValDir(TINY)
     out = []
     for w in ("a", "b"):
-        ok, err, txt = peers.check_cell_dir(be, w, vd, 1e-4)
+        ok, err, txt = checks.check_cell_dir(be, w, vd, 1e-4)
         check(ok is True, txt)
         out.append("%s %.1e" % (w, err))
-    ok, err, txt = peers.check_model_dir(be, vd, 0.1, 1e-3)
+    ok, err, txt = checks.check_model_dir(be, vd, 0.1, 1e-3)
     check(ok is True, txt)
     out.append("e(dir) %.1e" % err)
-    ok, err, txt = peers.check_model_ref(be, 64, 1.0, 0.1, 0, 1e-3)
+    ok, err, txt = checks.check_model_ref(be, 64, 1.0, 0.1, 0, 1e-3)
     check(ok is True, txt)
     out.append("e(ref) %.1e" % err)
     return ", ".join(out)
@@ -341,7 +341,7 @@ def validation_accepts_correct_results():
 
 @test
 def validation_rejects_wrong_results():
-    import peers
+    import checks
     be = numpy_backend()
     # a: one corrupted gradient entry
     bad = os.path.join(TMP, "bad")
@@ -349,36 +349,36 @@ def validation_rejects_wrong_results():
     g = np.fromfile(os.path.join(bad, "a_grad_f.bin"), "<f4")
     g[37] += 0.05 * np.abs(g).max()
     g.tofile(os.path.join(bad, "a_grad_f.bin"))
-    ok, err, txt = peers.check_cell_dir(be, "a", VD.ValDir(bad), 1e-4)
+    ok, err, txt = checks.check_cell_dir(be, "a", VD.ValDir(bad), 1e-4)
     check(ok is False and "(f)" in txt, "corrupted a_grad_f accepted: " + txt)
     # e: a wrong loss, then a wrong gradient norm
     m = json.load(open(os.path.join(bad, "manifest.json")))
     m["scalars"]["e_loss"] *= 1.01
     json.dump(m, open(os.path.join(bad, "manifest.json"), "w"))
-    ok, err, txt = peers.check_model_dir(be, VD.ValDir(bad), 0.1, 1e-3)
+    ok, err, txt = checks.check_model_dir(be, VD.ValDir(bad), 0.1, 1e-3)
     check(ok is False and "loss" in txt, "wrong e_loss accepted: " + txt)
     m["scalars"]["e_loss"] /= 1.01
     m["scalars"]["e_gradnorm_Td2"] *= 1.01
     json.dump(m, open(os.path.join(bad, "manifest.json"), "w"))
-    ok, err, txt = peers.check_model_dir(be, VD.ValDir(bad), 0.1, 1e-3)
+    ok, err, txt = checks.check_model_dir(be, VD.ValDir(bad), 0.1, 1e-3)
     check(ok is False and "Td2" in txt, "wrong gradnorm accepted: " + txt)
     # a different slope in the manifest changes the answer (the slope is read, not assumed)
     m["scalars"]["e_gradnorm_Td2"] /= 1.01
     m["scalars"]["e_slope"] = 3.0
     json.dump(m, open(os.path.join(bad, "manifest.json"), "w"))
-    ok, err, txt = peers.check_model_dir(be, VD.ValDir(bad), 0.1, 1e-3)
+    ok, err, txt = checks.check_model_dir(be, VD.ValDir(bad), 0.1, 1e-3)
     check(ok is False, "e_slope ignored: " + txt)
 
 
 @test
 def validation_missing_workload():
-    import peers
+    import checks
     d = write_tiny_valdir(os.path.join(TMP, "only_a"), only=("a",))
     be = numpy_backend()
     vd = VD.ValDir(d)
-    ok, err, txt = peers.check_cell_dir(be, "b", vd, 1e-4)
+    ok, err, txt = checks.check_cell_dir(be, "b", vd, 1e-4)
     check(ok is None and "no arrays" in txt, txt)
-    ok, err, txt = peers.check_model_dir(be, vd, 0.1, 1e-3)
+    ok, err, txt = checks.check_model_dir(be, vd, 0.1, 1e-3)
     check(ok is None and "no arrays" in txt, txt)
 
 
@@ -457,30 +457,30 @@ def cli_missing_frameworks_are_skipped():
 # --------------------------------------------------------------------------------------------
 def framework_test(method):
     def fn():
-        import peers
-        be, skip = peers.load_backend(method, {"allow_cpu": True, "compile_mode": "default"})
+        import checks
+        be, skip = checks.load_backend(method, {"allow_cpu": True, "compile_mode": "default"})
         if be is None:
             raise Skip(skip)
         vd = VD.ValDir(TINY)
         out = [be.describe()]
         for w in ("a", "b"):
-            ok, err, txt = peers.check_cell_dir(be, w, vd, 1e-4)
+            ok, err, txt = checks.check_cell_dir(be, w, vd, 1e-4)
             check(ok is True, txt)
             out.append("%s %.1e" % (w, err))
             sess = be.cell_session(w, [R.gen_cell_inputs(w, 40, 9)])
-            ok, err, txt = peers.check_cell_ref(sess, w, R.gen_cell_inputs(w, 40, 9), 1e-4)
+            ok, err, txt = checks.check_cell_ref(sess, w, R.gen_cell_inputs(w, 40, 9), 1e-4)
             check(ok is True, txt)
             tm = sess.time(2, 1)
             check(len(tm["times_ms"]) == 2, "timing")
             del sess
             be.end_config()
-        ok, err, txt = peers.check_model_dir(be, vd, 0.1, 1e-3)
+        ok, err, txt = checks.check_model_dir(be, vd, 0.1, 1e-3)
         check(ok is True, txt)
         out.append("e(dir) %.1e" % err)
-        ok, err, txt = peers.check_model_ref(be, 64, 1.0, 0.1, 0, 1e-3)
+        ok, err, txt = checks.check_model_ref(be, 64, 1.0, 0.1, 0, 1e-3)
         check(ok is True, txt)
         out.append("e(ref) %.1e" % err)
-        P, tok, _, _ = peers.e_check_problem(64, 1.0, 0)
+        P, tok, _, _ = checks.e_check_problem(64, 1.0, 0)
         sess = be.model_session(P, [tok], 1.0, 0.1)
         l0, _ = sess.loss_and_grads()
         tm = sess.time(2, 1)
