@@ -71,14 +71,28 @@ class Backend:
         return _ModelSession(P, token_sets, a, lr)
 
 
-class _CellSession:
+class _CellSessionBase:
+    """What both cell sessions share: the input sets as float32, and gradients and timing through
+    `call(d)`, which returns the gradients by argument name."""
     note = ""
 
+    def __init__(self, host_sets):
+        self.sets = [{k: np.asarray(v, np.float32) for k, v in hs.items()} for hs in host_sets]
+
+    def grads(self, rows=None):
+        g = self.call(self.sets[0])
+        return {n: (v if rows is None else v[rows]) for n, v in g.items()}
+
+    def time(self, reps, warmup):
+        return time_loop(self.call, self.sets, reps, warmup)
+
+
+class _CellSession(_CellSessionBase):
     def __init__(self, workload, host_sets):
+        super().__init__(host_sets)
         self.workload = workload
         spec = CELL_SPEC[workload]
         self.diff, self.adj, self.flags = spec["diff"], spec["adj"], spec["flags"]
-        self.sets = [{k: np.asarray(v, np.float32) for k, v in hs.items()} for hs in host_sets]
 
     def call(self, d):
         vs = {n: npad.Var(d[n]) for n in self.diff}
@@ -92,25 +106,15 @@ class _CellSession:
         npad.backward(total)
         return {n: vs[n].grad for n in self.diff}
 
-    def grads(self, rows=None):
-        g = self.call(self.sets[0])
-        return {n: (v if rows is None else v[rows]) for n, v in g.items()}
 
-    def time(self, reps, warmup):
-        return time_loop(self.call, self.sets, reps, warmup)
-
-
-class _HandCellSession:
+class _HandCellSession(_CellSessionBase):
     """Workload a: out = z ? sig(i) tanh(g) : (zb == 0 ? c : sig(f) c + sig(i) tanh(g)) with its
-    gradients for c, f, i, g given the adjoint, derivative rules written out by hand."""
+    gradients for c, f, i, g given the adjoint, derivative rules written out by hand. The output is
+    computed (and kept on the session) because a forward+backward is what is timed."""
     note = "hand-written derivative"
 
-    def __init__(self, host_sets):
-        self.sets = [{k: np.asarray(v, np.float32) for k, v in hs.items()} for hs in host_sets]
-
-    @staticmethod
-    def call(d):
-        one = np.float32(1)
+    def call(self, d):
+        one, zero = np.float32(1), np.float32(0)
         flush = d["z"] == 1                  # [dims, 1]: broadcast over columns
         keep = np.logical_and(~flush, d["zb"] == 0)
         update = np.logical_and(~flush, ~keep)
@@ -118,19 +122,11 @@ class _HandCellSession:
         sf = one / (one + np.exp(-d["f"]))
         tg = np.tanh(d["g"])
         c, adj = d["c"], d["adj"]
-        out = np.where(flush, si * tg, np.where(keep, c, sf * c + si * tg))
-        dc = adj * np.where(flush, np.float32(0), np.where(keep, one, sf))
-        df = adj * np.where(update, c * sf * (one - sf), np.float32(0))
-        di = adj * np.where(keep, np.float32(0), tg * si * (one - si))
-        dg = adj * np.where(keep, np.float32(0), si * (one - tg * tg))
-        return out, {"c": dc, "f": df, "i": di, "g": dg}
-
-    def grads(self, rows=None):
-        g = self.call(self.sets[0])[1]
-        return {n: (v if rows is None else v[rows]) for n, v in g.items()}
-
-    def time(self, reps, warmup):
-        return time_loop(self.call, self.sets, reps, warmup)
+        self.out = np.where(flush, si * tg, np.where(keep, c, sf * c + si * tg))
+        return {"c": adj * np.where(flush, zero, np.where(keep, one, sf)),
+                "f": adj * np.where(update, c * sf * (one - sf), zero),
+                "i": adj * np.where(keep, zero, tg * si * (one - si)),
+                "g": adj * np.where(keep, zero, si * (one - tg * tg))}
 
 
 class _ModelSession:
