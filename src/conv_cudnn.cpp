@@ -276,7 +276,9 @@ void cudnn_conv_backward_data(Device device, DType dtype, const ConvGeometry& g,
       if (use_find() && !stream_is_capturing(device)) {
         Tensor ws = search_workspace(device, limit);
         // Find writes its trial results: into a scratch buffer, so an accumulated dx is untouched.
-        const Tensor scratch = Tensor::empty(Shape{g.N, g.C, g.H, g.W}, dtype, device);
+        // Zeroed: some algorithms scale the output by beta = 0 (a read) before they write it, and
+        // compute-sanitizer's initcheck reports that read of uninitialised memory.
+        const Tensor scratch = Tensor::zeros(Shape{g.N, g.C, g.H, g.W}, dtype, device);
         DUALCAST_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
             h, p.w, w, p.y, dy, p.conv, p.x, scratch.raw_data(), max_count, &returned, r.data(),
             ws.raw_data(), limit));

@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
+#include <cstdlib>
 
 namespace dualcast {
 
@@ -18,6 +20,19 @@ inline constexpr double kGradTolFloat = 2e-3;
 /// Worst relative error accepted between two float computations of the same quantity in different
 /// orders (CPU vs GPU, mixed vs reverse mode): a few ulps accumulated over a reduction.
 inline constexpr double kSameResultTolFloat = 1e-4;
+
+/// Whether the process runs under compute-sanitizer: scripts/gpu-sanitize sets DUALCAST_SANITIZE=1.
+/// Checks that only scale with repetition (more elements, larger sizes) may do less there: every
+/// kernel launch then costs about a millisecond, and the tool checks each code path's memory
+/// accesses, which the first element exercises as well as the hundredth.
+inline bool running_under_sanitizer() {
+  static const bool sanitizing = std::getenv("DUALCAST_SANITIZE") != nullptr;
+  return sanitizing;
+}
+
+/// Elements per input check_gradients checks under the sanitizer (evenly spread, as always, over
+/// the input), whatever the options ask: each costs two evaluations of the whole function.
+inline constexpr std::int64_t kSanitizerElementsPerInput = 3;
 
 /// Central difference of a scalar function at x, in double.
 template <class F>
@@ -36,6 +51,7 @@ inline double relative_error(double got, double want) {
 }  // namespace dualcast
 
 // ---- tape-level checker ---------------------------------------------------------------------------
+#include <algorithm>
 #include <functional>
 #include <sstream>
 #include <string>
@@ -99,8 +115,10 @@ GradCheckResult check_gradients(const F& f, const std::vector<Tensor>& inputs,
                                              : std::vector<double>(x[k].numel(), 0.0);
     const std::vector<double> base = x[k].template to_vector<double>();
     const std::int64_t n = x[k].numel();
-    const std::int64_t stride =
-        n <= opts.max_elements_per_input ? 1 : (n + opts.max_elements_per_input - 1) / opts.max_elements_per_input;
+    const std::int64_t per_input = running_under_sanitizer()
+                                       ? std::min(opts.max_elements_per_input, kSanitizerElementsPerInput)
+                                       : opts.max_elements_per_input;
+    const std::int64_t stride = n <= per_input ? 1 : (n + per_input - 1) / per_input;
     for (std::int64_t j = 0; j < n; j += stride) {
       std::vector<Tensor> xs = x;
       std::vector<double> v = base;

@@ -34,6 +34,11 @@ if [ $list = 1 ]; then
   for t in "${sel[@]}"; do echo "${t%%.*}."; echo "  ${t#*.}"; done
   exit 0
 fi
+if [ -n "${GTEST_TOTAL_SHARDS:-}" ]; then  # GoogleTest's sharding: test j runs in shard j % total
+  mine=()
+  for j in "${!sel[@]}"; do [ $((j % GTEST_TOTAL_SHARDS)) -eq "$GTEST_SHARD_INDEX" ] && mine+=("${sel[$j]}"); done
+  sel=("${mine[@]}")
+fi
 [ "$name" = "${FAKE_SLEEP:-}" ] && sleep 30
 echo "[==========] Running ${#sel[@]} tests from 1 test suite."
 [ "$name" = "${FAKE_NODEV:-}" ] && printf 'x.cu:3: Skipped\nno CUDA device\n'
@@ -126,6 +131,23 @@ case_only_the_chosen_tools_and_binaries_run() {
   COMPUTE_SANITIZER=/nonexistent/compute-sanitizer "$root/scripts/gpu-sanitize" --build-dir "$tmp/build" >"$tmp/stdout" 2>&1
   [ $? -eq 2 ] || fail "a missing compute-sanitizer is not an error of its own"
   expect "$tmp/stdout" 'is compute-sanitizer installed'
+}
+
+case_large_binaries_are_split_into_shards_that_together_run_every_test() {
+  sanitize --tools memcheck --shard-size 2 --summary "$tmp/summary" || fail "exit $? from a sharded run"
+  expect "$tmp/stdout" '^  test_alpha: 3 tests in 2 shards$'
+  expect "$tmp/stdout" '^memcheck test_alpha\[1/2\]: clean, 2 tests, [0-9]+ s$'
+  expect "$tmp/stdout" '^memcheck test_alpha\[2/2\]: clean, 1 tests, [0-9]+ s$'
+  expect "$tmp/stdout" '^memcheck test_beta: clean, 1 tests, [0-9]+ s$'
+  expect "$tmp/summary" '^sanitize memcheck: clean, 2 binaries, 4 tests, [0-9]+ s$'
+  sanitize --tools memcheck --shard-size 1 --max-shards 2 --dry-run || fail "exit $? from --dry-run"
+  [ "$(grep -c 'GTEST_TOTAL_SHARDS=2 GTEST_SHARD_INDEX=[01] .*test_alpha ' "$tmp/stdout")" -eq 2 ] || fail "expected test_alpha in 2 shards"
+  expect_not "$tmp/stdout" 'GTEST_TOTAL_SHARDS=.*test_beta '  # one test: one process
+  FAKE_ERRORS=memcheck:test_alpha sanitize --tools memcheck --shard-size 2 --summary "$tmp/summary"
+  [ $? -eq 1 ] || fail "a finding in a shard passed"
+  expect "$tmp/summary" '^sanitize memcheck: FAILED: test_alpha\[1/2\]: 2 errors, 0 warnings; test_alpha\[2/2\]: 2 errors'
+  "$root/scripts/gpu-sanitize" --build-dir "$tmp/build" --shard-size x >/dev/null 2>&1
+  [ $? -eq 2 ] || fail "a bad --shard-size is not a usage error"
 }
 
 case_a_binary_without_cuda_calls_is_clean_but_a_missing_summary_otherwise_fails() {

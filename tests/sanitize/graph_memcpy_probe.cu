@@ -1,0 +1,68 @@
+// graph_memcpy_probe.cu: is compute-sanitizer initcheck's report on test_graph (a CUDA graph's memcpy
+// node "reads uninitialised" the buffer a kernel node before it wrote) about dualcast or about the
+// tool? The same pattern in plain CUDA, no dualcast: a kernel writes tmp, a D2D cudaMemcpyAsync copies
+// tmp to dst, on one stream, run (a) eagerly and (b) as a captured graph replayed three times, with tmp
+// allocated (c) before capture or (d) by cudaMalloc during a relaxed-mode capture, as dualcast's
+// graph pool does. Build and run on the GPU machine:
+//   nvcc -o probe tests/sanitize/graph_memcpy_probe.cu && compute-sanitizer --tool initcheck ./probe graph
+// Arguments: eager | graph | graph-alloc-in-capture. Exit status 0 when dst holds the written values.
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#define CHECK(x)                                                                  \
+  do {                                                                            \
+    const cudaError_t e = (x);                                                    \
+    if (e != cudaSuccess) {                                                       \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
+      return 2;                                                                   \
+    }                                                                             \
+  } while (0)
+
+__global__ void add_one(const float* x, float* y, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = x[i] + 1.0f;
+}
+
+int main(int argc, char** argv) {
+  const char* mode = argc > 1 ? argv[1] : "graph";
+  const int n = 1000;
+  const std::size_t bytes = n * sizeof(float);
+  cudaStream_t s;
+  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  float *x = nullptr, *tmp = nullptr;
+  CHECK(cudaMalloc(&x, bytes));
+  CHECK(cudaMemsetAsync(x, 0, bytes, s));
+  CHECK(cudaStreamSynchronize(s));
+  const bool alloc_in_capture = std::strcmp(mode, "graph-alloc-in-capture") == 0;
+  if (!alloc_in_capture) CHECK(cudaMalloc(&tmp, bytes));
+  auto step = [&]() -> cudaError_t {  // x = x + 1 through tmp, as x.copy_(x + 1.0) does
+    add_one<<<(n + 255) / 256, 256, 0, s>>>(x, tmp, n);
+    return cudaMemcpyAsync(x, tmp, bytes, cudaMemcpyDeviceToDevice, s);
+  };
+  int reps = 3;
+  if (std::strcmp(mode, "eager") == 0) {
+    for (int r = 0; r < reps; ++r) CHECK(step());
+  } else {
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+    if (alloc_in_capture) CHECK(cudaMalloc(&tmp, bytes));
+    CHECK(step());
+    CHECK(cudaStreamEndCapture(s, &g));
+    CHECK(cudaGraphInstantiate(&ge, g, 0));
+    for (int r = 0; r < reps; ++r) CHECK(cudaGraphLaunch(ge, s));
+    CHECK(cudaGraphExecDestroy(ge));
+    CHECK(cudaGraphDestroy(g));
+  }
+  CHECK(cudaStreamSynchronize(s));
+  std::vector<float> h(n);
+  CHECK(cudaMemcpy(h.data(), x, bytes, cudaMemcpyDeviceToHost));
+  std::printf("%s: x[0] = %g, x[%d] = %g (want %d)\n", mode, h[0], n - 1, h[n - 1], reps);
+  CHECK(cudaFree(tmp));
+  CHECK(cudaFree(x));
+  CHECK(cudaStreamDestroy(s));
+  return h[0] == reps && h[n - 1] == reps ? 0 : 1;
+}
