@@ -193,6 +193,13 @@ Tensor search_workspace(Device device, std::size_t& bytes) {
   }
 }
 
+/// Where an algorithm search writes its trial results: a zeroed scratch tensor of the output's shape,
+/// never the caller's output (an accumulated gradient stays untouched). Zeroed because some
+/// algorithms scale the output by beta = 0, a read, before they write it: compute-sanitizer's
+/// initcheck reports that read of uninitialised memory (cuDNN 9.14's scalePackedTensor and
+/// wgrad2d_grouped_direct kernels did).
+Tensor search_output(Shape shape, DType dtype, Device device) { return Tensor::zeros(shape, dtype, device); }
+
 Tensor workspace(Device device, std::size_t bytes) {
   if (bytes == 0) return Tensor();
   return Tensor::empty(Shape{static_cast<std::int64_t>(bytes)}, DType::uint8, device);
@@ -240,8 +247,10 @@ void cudnn_conv_forward(Device device, DType dtype, const ConvGeometry& g, const
       std::size_t limit = kMaxWorkspace;
       if (use_find() && !stream_is_capturing(device)) {
         Tensor ws = search_workspace(device, limit);
-        DUALCAST_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(
-            h, p.x, x, p.w, w, p.conv, p.y, y, max_count, &returned, r.data(), ws.raw_data(), limit));
+        const Tensor scratch = search_output(Shape{g.N, g.O, g.OH, g.OW}, dtype, device);
+        DUALCAST_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(h, p.x, x, p.w, w, p.conv, p.y,
+                                                                    scratch.raw_data(), max_count, &returned,
+                                                                    r.data(), ws.raw_data(), limit));
       } else {
         DUALCAST_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, p.x, p.w, p.conv, p.y, max_count,
                                                                     &returned, r.data()));
@@ -275,10 +284,7 @@ void cudnn_conv_backward_data(Device device, DType dtype, const ConvGeometry& g,
       std::size_t limit = kMaxWorkspace;
       if (use_find() && !stream_is_capturing(device)) {
         Tensor ws = search_workspace(device, limit);
-        // Find writes its trial results: into a scratch buffer, so an accumulated dx is untouched.
-        // Zeroed: some algorithms scale the output by beta = 0 (a read) before they write it, and
-        // compute-sanitizer's initcheck reports that read of uninitialised memory.
-        const Tensor scratch = Tensor::zeros(Shape{g.N, g.C, g.H, g.W}, dtype, device);
+        const Tensor scratch = search_output(Shape{g.N, g.C, g.H, g.W}, dtype, device);
         DUALCAST_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
             h, p.w, w, p.y, dy, p.conv, p.x, scratch.raw_data(), max_count, &returned, r.data(),
             ws.raw_data(), limit));
@@ -316,8 +322,10 @@ void cudnn_conv_backward_filter(Device device, DType dtype, const ConvGeometry& 
       std::size_t limit = kMaxWorkspace;
       if (use_find() && !stream_is_capturing(device)) {
         Tensor ws = search_workspace(device, limit);
+        const Tensor scratch = search_output(Shape{g.O, g.Cg(), g.KH, g.KW}, dtype, device);
         DUALCAST_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
-            h, p.x, x, p.y, dy, p.conv, p.w, dw, max_count, &returned, r.data(), ws.raw_data(), limit));
+            h, p.x, x, p.y, dy, p.conv, p.w, scratch.raw_data(), max_count, &returned, r.data(),
+            ws.raw_data(), limit));
       } else {
         DUALCAST_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p.x, p.y, p.conv, p.w,
                                                                            max_count, &returned, r.data()));

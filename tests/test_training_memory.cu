@@ -180,6 +180,11 @@ TEST_P(TrainingMemory, ResetPeakStartsANewPeakFromTheBytesInUse) {
 TEST_P(TrainingMemory, StaticTensorsAreFreedCleanlyAtExit) {
   const Device d = GetParam();
   DUALCAST_SKIP_IF_UNAVAILABLE(d);
+  // Skipped under compute-sanitizer (scripts/gpu-sanitize): with --target-processes all, the death
+  // test's re-executed child never finished under memcheck or synccheck (killed after 487 s on an
+  // H100, 2026-11-24); its parent is the one the tool would check and has no device work of its own.
+  // The property is checked by every plain GPU run (scripts/gpu-check) and by ASan on the CPU.
+  if (running_under_sanitizer()) GTEST_SKIP() << "death test not run under compute-sanitizer";
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   struct Holder {
     Tensor t;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "dualcast/device.hpp"
+#include "dualcast/gradcheck.hpp"  // running_under_sanitizer
 
 /// Skips the current test cleanly when no CUDA device is usable (CI machines have none).
 #define DUALCAST_REQUIRE_CUDA()                                        \
@@ -34,3 +35,12 @@ inline bool skip_if_unavailable(Device d) { return d.is_cuda() && !cuda_availabl
   do {                                                                                     \
     if (::dualcast::testing::skip_if_unavailable(dev)) GTEST_SKIP() << "no CUDA device"; \
   } while (0)
+
+namespace dualcast::testing {
+/// `normal`, or `sanitizing` under compute-sanitizer (dualcast::running_under_sanitizer): for the
+/// repetition counts and lengths that make a test longer without reaching other code, since every
+/// kernel launch there costs milliseconds (racecheck the most). The assertions stay the same.
+inline int unless_sanitizing(int normal, int sanitizing) {
+  return running_under_sanitizer() ? sanitizing : normal;
+}
+}  // namespace dualcast::testing

@@ -5,7 +5,12 @@
 // allocated (c) before capture or (d) by cudaMalloc during a relaxed-mode capture, as dualcast's
 // graph pool does. Build and run on the GPU machine:
 //   nvcc -o probe tests/sanitize/graph_memcpy_probe.cu && compute-sanitizer --tool initcheck ./probe graph
-// Arguments: eager | graph | graph-alloc-in-capture. Exit status 0 when dst holds the written values.
+// First argument: eager | graph | graph-alloc-in-capture. Further arguments, each one way dualcast
+// differs from the plainest form: stcs (the kernel writes float4 with streaming stores, __stcs, as
+// dualcast's broadcast fast path does), upload (cudaGraphUpload before the first launch, as
+// Graph::capture does), global (cudaStreamCaptureModeGlobal, the allocation in capture after
+// switching the thread to relaxed mode, as dualcast's graph pool does), default (cudaMemcpyDefault,
+// as dualcast's copies). Exit status 0 when dst holds the written values.
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -26,6 +31,21 @@ __global__ void add_one(const float* x, float* y, int n) {
   if (i < n) y[i] = x[i] + 1.0f;
 }
 
+__global__ void add_one_stcs(const float4* x, float4* y, int n4) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n4) {
+    float4 v = x[i];
+    v.x += 1.0f, v.y += 1.0f, v.z += 1.0f, v.w += 1.0f;
+    __stcs(y + i, v);
+  }
+}
+
+bool has(int argc, char** argv, const char* flag) {
+  for (int a = 2; a < argc; ++a)
+    if (std::strcmp(argv[a], flag) == 0) return true;
+  return false;
+}
+
 int main(int argc, char** argv) {
   const char* mode = argc > 1 ? argv[1] : "graph";
   const int n = 1000;
@@ -38,9 +58,15 @@ int main(int argc, char** argv) {
   CHECK(cudaStreamSynchronize(s));
   const bool alloc_in_capture = std::strcmp(mode, "graph-alloc-in-capture") == 0;
   if (!alloc_in_capture) CHECK(cudaMalloc(&tmp, bytes));
+  const bool stcs = has(argc, argv, "stcs"), upload = has(argc, argv, "upload");
+  const bool global = has(argc, argv, "global"), kind_default = has(argc, argv, "default");
   auto step = [&]() -> cudaError_t {  // x = x + 1 through tmp, as x.copy_(x + 1.0) does
-    add_one<<<(n + 255) / 256, 256, 0, s>>>(x, tmp, n);
-    return cudaMemcpyAsync(x, tmp, bytes, cudaMemcpyDeviceToDevice, s);
+    if (stcs)
+      add_one_stcs<<<(n / 4 + 255) / 256, 256, 0, s>>>(reinterpret_cast<const float4*>(x),
+                                                       reinterpret_cast<float4*>(tmp), n / 4);
+    else
+      add_one<<<(n + 255) / 256, 256, 0, s>>>(x, tmp, n);
+    return cudaMemcpyAsync(x, tmp, bytes, kind_default ? cudaMemcpyDefault : cudaMemcpyDeviceToDevice, s);
   };
   int reps = 3;
   if (std::strcmp(mode, "eager") == 0) {
@@ -48,11 +74,17 @@ int main(int argc, char** argv) {
   } else {
     cudaGraph_t g;
     cudaGraphExec_t ge;
-    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
-    if (alloc_in_capture) CHECK(cudaMalloc(&tmp, bytes));
+    CHECK(cudaStreamBeginCapture(s, global ? cudaStreamCaptureModeGlobal : cudaStreamCaptureModeRelaxed));
+    if (alloc_in_capture) {
+      cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+      CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+      CHECK(cudaMalloc(&tmp, bytes));
+      CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+    }
     CHECK(step());
     CHECK(cudaStreamEndCapture(s, &g));
     CHECK(cudaGraphInstantiate(&ge, g, 0));
+    if (upload) CHECK(cudaGraphUpload(ge, s));
     for (int r = 0; r < reps; ++r) CHECK(cudaGraphLaunch(ge, s));
     CHECK(cudaGraphExecDestroy(ge));
     CHECK(cudaGraphDestroy(g));
@@ -60,7 +92,7 @@ int main(int argc, char** argv) {
   CHECK(cudaStreamSynchronize(s));
   std::vector<float> h(n);
   CHECK(cudaMemcpy(h.data(), x, bytes, cudaMemcpyDeviceToHost));
-  std::printf("%s: x[0] = %g, x[%d] = %g (want %d)\n", mode, h[0], n - 1, h[n - 1], reps);
+  std::printf("%s%s%s%s%s: x[0] = %g, x[%d] = %g (want %d)\n", mode, stcs ? " stcs" : "", upload ? " upload" : "", global ? " global" : "", kind_default ? " default" : "", h[0], n - 1, h[n - 1], reps);
   CHECK(cudaFree(tmp));
   CHECK(cudaFree(x));
   CHECK(cudaStreamDestroy(s));
