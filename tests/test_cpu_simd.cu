@@ -55,6 +55,7 @@ struct EveryFunction {
   }
 };
 
+#if DUALCAST_CPU_TILES
 /// The same numbers, up to kSameResultTolFloat (the tiles use libmvec, <= 4 ulp, where cancellation
 /// can amplify a difference);
 /// NaN where the other has NaN, the same infinity where the other has one.
@@ -107,6 +108,8 @@ void compare_tiles_with_scalar(const std::vector<Tensor>& in, const Call& call, 
   for (std::size_t k = 0; k < grads[0].size(); ++k)
     expect_same(grads[0][k], grads[1][k], what + " gradient " + std::to_string(k));
 }
+
+#endif  // DUALCAST_CPU_TILES
 
 class CpuSimd : public ::testing::TestWithParam<DType> {
  protected:
