@@ -9,7 +9,9 @@
 //  * the fast path (ChunkIndexer): fewer than 2^31 elements and chunks inside one innermost row;
 //    offsets once per chunk in 32-bit arithmetic, every load of a chunk issued before its arithmetic;
 //  * the general path (BroadcastIndexer): anything else, 64-bit offsets per element.
-// The launcher picks one per call; the arithmetic of an element is shared by both.
+// The launcher picks one per call; the arithmetic of an element is shared by both. On the CPU the
+// fast path runs as SIMD tiles where the build and the CPU allow (broadcast_cpu.cuh), else as
+// scalar chunks.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +23,7 @@
 #include "dualcast/dual.hpp"
 #include "dualcast/indexing.hpp"
 #include "dualcast/parallel.hpp"
+#include "dualcast/kernels/broadcast_cpu.cuh"
 
 #if defined(__CUDACC__)
 #include <cuda_runtime.h>
@@ -265,6 +268,11 @@ struct ForwardBody<T, K, M, DUAL, STORE, F, std::integer_sequence<int, Slots...>
   static constexpr int KK = K > 0 ? K : 1;
   static constexpr int V = chunk_width<T, K>;
   static constexpr bool device_only = is_device_only_lambda<F>;
+  using scalar = T;  // what the CPU tiles (broadcast_cpu.cuh) need to know of a body
+  static constexpr int outputs = M;
+  static constexpr int partials = K;
+  static constexpr bool stores = STORE;
+  static constexpr bool forward = true;
   F f;
   BroadcastOperands<T, NA> ops;
   T* out[M];
@@ -346,6 +354,11 @@ DUALCAST_UNROLL
     }
   }
 
+  /// The arguments of the full chunk at base on the fast path (the CPU tiles gather through it).
+  DUALCAST_HD DUALCAST_INLINE void load_args(std::uint32_t base, T (&x)[V][NAX]) const {
+    ops.template load_fast<V, Slots...>(base, x);
+  }
+
   /// Fast path: chunk `chunk` of a call with ops.fast.
   DUALCAST_HD DUALCAST_INLINE void fast_chunk(std::uint32_t chunk) const {
     const std::uint32_t base = chunk * V;
@@ -378,6 +391,11 @@ struct BackwardBody<T, K, M, STORE, F, std::integer_sequence<int, Slots...>> {
   static constexpr int NAX = NA > 0 ? NA : 1;
   static constexpr int V = chunk_width<T, K>;
   static constexpr bool device_only = is_device_only_lambda<F>;
+  using scalar = T;
+  static constexpr int outputs = M;
+  static constexpr int partials = K;
+  static constexpr bool stores = STORE;
+  static constexpr bool forward = false;
   F f;
   BroadcastOperands<T, NA> ops;
   const T* part[M][K];  ///< STORE only
@@ -497,6 +515,11 @@ DUALCAST_UNROLL
     }
   }
 
+  /// The arguments of the full chunk at base on the fast path (the CPU tiles gather through it).
+  DUALCAST_HD DUALCAST_INLINE void load_args(std::uint32_t base, T (&x)[V][NAX]) const {
+    ops.template load_fast<V, Slots...>(base, x);
+  }
+
   /// Fast path: chunk `chunk` of a call with ops.fast.
   DUALCAST_HD DUALCAST_INLINE void fast_chunk(std::uint32_t chunk) const {
     const std::uint32_t base = chunk * V;
@@ -564,6 +587,17 @@ void launch_broadcast(Device device, const Body& body) {
     return;
   }
   if (device.is_cpu()) {
+#if DUALCAST_CPU_TILES
+    if constexpr (cpu_tiles_apply<Body>) {
+      if (cpu_simd_tiles()) {
+        using Tiles = CpuTiles<Body>;
+        const std::int64_t tiles = (chunks + Tiles::B - 1) / Tiles::B;
+        parallel_for(device, tiles, Tiles{body, static_cast<std::uint32_t>(chunks)},
+                     /*cpu_grain=*/kCpuGrain / Tiles::W);
+        return;
+      }
+    }
+#endif
     parallel_for(device, chunks, FastChunks<Body>{body}, /*cpu_grain=*/kCpuGrain / Body::V);
     return;
   }

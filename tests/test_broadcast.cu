@@ -138,7 +138,10 @@ TEST_P(BroadcastTest, LambdaOverDualsMatchesFunctor) {
   Var a = broadcast(HmlstmUpdate{}, z, zb, v[0], v[1], v[2], v[3]);
   Var b = update_with_hd_lambda(z, zb, v);
   const auto av = a.value().to_vector<double>(), bv = b.value().to_vector<double>();
-  for (std::size_t j = 0; j < av.size(); ++j) EXPECT_DOUBLE_EQ(av[j], bv[j]);
+  // Not bit-equal on the CPU under nvcc: the functor runs in SIMD lanes (libmvec), while nvcc's
+  // lambda wrapper is an indirect call, evaluated lane by lane with the C library.
+  for (std::size_t j = 0; j < av.size(); ++j)
+    EXPECT_LE(relative_error(av[j], bv[j]), kSameResultTolDouble) << j;
   const Tensor adj = Tensor::randn({9, 6}, d, 7, DType::float64);
   a.backward(adj);
   std::vector<std::vector<double>> ga;
@@ -146,7 +149,8 @@ TEST_P(BroadcastTest, LambdaOverDualsMatchesFunctor) {
   b.backward(adj);
   for (int k = 0; k < 4; ++k) {
     const auto gb = v[k].grad().to_vector<double>();
-    for (std::size_t j = 0; j < gb.size(); ++j) EXPECT_DOUBLE_EQ(ga[k][j], gb[j]);
+    for (std::size_t j = 0; j < gb.size(); ++j)
+      EXPECT_LE(relative_error(ga[k][j], gb[j]), kSameResultTolDouble) << k << " " << j;
   }
 }
 

@@ -20,6 +20,11 @@ inline constexpr double kGradTolFloat = 2e-3;
 /// Worst relative error accepted between two float computations of the same quantity in different
 /// orders (CPU vs GPU, mixed vs reverse mode): a few ulps accumulated over a reduction.
 inline constexpr double kSameResultTolFloat = 1e-4;
+/// Worst relative error accepted between two double computations of the same quantity that may use
+/// different implementations of exp, tanh, ...: the CPU SIMD tiles call libmvec (<= 4 ulp), a
+/// functor they cannot vectorise (nvcc's type-erased __host__ __device__ lambdas) the C library's
+/// (< 1 ulp); a sum that cancels amplifies those ulps (4e-14 relative seen).
+inline constexpr double kSameResultTolDouble = 1e-12;
 
 /// Whether the process runs under compute-sanitizer: scripts/gpu-sanitize sets DUALCAST_SANITIZE=1.
 /// Checks that only scale with repetition (more elements, larger sizes) may do less there: every

@@ -26,6 +26,7 @@
 
 #include "dualcast/config.hpp"
 #include "dualcast/dual.hpp"
+#include "dualcast/vector_math.hpp"  // libmvec variants of the calls below, for the CPU tiles
 
 namespace dualcast {
 

@@ -1,0 +1,218 @@
+// test_cpu_simd.cu: the CPU broadcast tiles (kernels/broadcast_cpu.cuh: SIMD lanes, libmvec's vector
+// exp/tanh/...) against the scalar chunks they replace, on the same inputs: every branch of a
+// functor with data-dependent control flow (lanes of one vector taking different branches), every
+// arity 1..10, two outputs, float and double, both partials policies, a call whose last tile is
+// partial, and inf, NaN and huge arguments in every vectorised math function. Compiled as a CPU
+// test; on a build without the tiles it checks nothing and says so.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "dualcast/broadcast.hpp"
+#include "dualcast/gradcheck.hpp"
+#include "dualcast/ops/elementwise.hpp"
+
+using namespace dualcast;
+
+namespace {
+
+struct HmlstmUpdate {
+  DUALCAST_HD auto operator()(auto z, auto zb, auto c, auto f, auto i, auto g) const {
+    if (z == 1) return sigmoid(i) * tanh(g);       // FLUSH
+    if (zb == 0) return c;                         // COPY
+    return sigmoid(f) * c + sigmoid(i) * tanh(g);  // UPDATE
+  }
+};
+
+struct HmlstmCell {
+  DUALCAST_HD auto operator()(auto z, auto zb, auto c, auto h, auto f, auto i, auto o, auto g) const {
+    using D = decltype(c * f);
+    if (z == 1) {
+      const D cn = sigmoid(i) * tanh(g);
+      return std::tuple<D, D>(cn, sigmoid(o) * tanh(cn));
+    }
+    if (zb == 0) return std::tuple<D, D>(c, h);
+    const D cn = sigmoid(f) * c + sigmoid(i) * tanh(g);
+    return std::tuple<D, D>(cn, sigmoid(o) * tanh(cn));
+  }
+};
+
+struct ArityProduct {
+  DUALCAST_HD auto operator()(auto... x) const {
+    auto term = [](auto v) { return tanh(v > 0.5 ? v : -v); };
+    return (term(x) * ...);
+  }
+};
+
+// One math function of math.hpp per output, two arguments (for pow and hypot).
+struct EveryFunction {
+  DUALCAST_HD auto operator()(auto x, auto y) const {
+    return std::make_tuple(exp(x), log(x), log1p(x), expm1(x), tanh(x), sin(x), cos(x), tan(x),
+                           erf(x), cbrt(x), sigmoid(x), softplus(x), gelu(x), pow(x, y),
+                           hypot(x, y));
+  }
+};
+
+#if DUALCAST_CPU_TILES
+/// The same numbers, up to kSameResultTolFloat (the tiles use libmvec, <= 4 ulp, where cancellation
+/// can amplify a difference);
+/// NaN where the other has NaN, the same infinity where the other has one.
+void expect_same(const Tensor& tiles, const Tensor& scalar, const std::string& what) {
+  const auto a = tiles.to(DType::float64).to_vector<double>();
+  const auto b = scalar.to(DType::float64).to_vector<double>();
+  ASSERT_EQ(a.size(), b.size()) << what;
+  int shown = 0;
+  for (std::size_t j = 0; j < a.size(); ++j) {
+    bool ok;
+    if (std::isnan(b[j]) || std::isnan(a[j])) ok = std::isnan(a[j]) && std::isnan(b[j]);
+    else if (std::isinf(b[j]) || std::isinf(a[j])) ok = a[j] == b[j];
+    else ok = relative_error(a[j], b[j]) <= kSameResultTolFloat;
+    if (!ok && shown++ < 5) ADD_FAILURE() << what << "[" << j << "]: tiles " << a[j] << ", scalar " << b[j];
+  }
+}
+
+/// Inputs with special values sprinkled in (every 7th element +-inf, NaN, +-1e4 or +-100).
+Tensor inputs(const Shape& s, std::uint64_t seed, DType t, bool special) {
+  std::vector<double> v = Tensor::randn(s, Device::cpu(), seed, DType::float64).to_vector<double>();
+  const double sp[] = {double(INFINITY), -double(INFINITY), double(NAN), 1e4, -1e4, 100, -100, 0.0, -0.0};
+  if (special)
+    for (std::size_t j = 3; j < v.size(); j += 7) v[j] = sp[(j / 7 + seed) % 9];
+  return Tensor::from_vector(s, v, Device::cpu()).to(t);
+}
+
+/// Runs `call` (forward, then backward with a fixed adjoint) with the tiles and with the scalar
+/// chunks and compares outputs and gradients.
+template <class Call>
+void compare_tiles_with_scalar(const std::vector<Tensor>& in, const Call& call, const std::string& what) {
+  std::vector<Tensor> outs[2], grads[2];
+  for (int mode = 0; mode < 2; ++mode) {
+    detail::cpu_simd_tiles() = mode == 0;
+    std::vector<Var> v;
+    for (const auto& t : in) v.push_back(Var::param(t));
+    std::vector<Var> o = call(v);
+    Var total;
+    for (std::size_t m = 0; m < o.size(); ++m) {
+      outs[mode].push_back(o[m].value());
+      const Tensor adj = Tensor::randn(o[m].value().shape(), Device::cpu(), 900 + m, o[m].value().dtype());
+      const Var term = o[m] * Var::constant(adj);
+      total = total.defined() ? total + term : term;
+    }
+    total.backward(Tensor::ones(total.value().shape(), total.value().dtype(), Device::cpu()));
+    for (auto& x : v) grads[mode].push_back(x.grad());
+  }
+  detail::cpu_simd_tiles() = true;
+  for (std::size_t m = 0; m < outs[0].size(); ++m)
+    expect_same(outs[0][m], outs[1][m], what + " output " + std::to_string(m));
+  for (std::size_t k = 0; k < grads[0].size(); ++k)
+    expect_same(grads[0][k], grads[1][k], what + " gradient " + std::to_string(k));
+}
+
+#endif  // DUALCAST_CPU_TILES
+
+class CpuSimd : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override {
+#if DUALCAST_CPU_TILES
+    if (!detail::cpu_simd_tiles()) GTEST_SKIP() << "this CPU has no AVX2 (or DUALCAST_CPU_SIMD=0)";
+#else
+    GTEST_SKIP() << "built without the CPU SIMD tiles (DUALCAST_CPU_SIMD off or not GCC on x86-64)";
+#endif
+  }
+};
+
+}  // namespace
+
+#if DUALCAST_CPU_TILES
+
+TEST_P(CpuSimd, VectorisedChunkEqualsScalarChunkForEveryBranch) {
+  const DType t = GetParam();
+  // rows x cols with cols a multiple of the chunk width (the fast path) and a partial last tile;
+  // flags per column: neighbouring lanes take different branches. Also per row (uniform lanes).
+  const std::int64_t rows = 37, cols = 36;
+  for (bool per_column : {true, false}) {
+    const Shape fs = per_column ? Shape{1, cols} : Shape{rows, 1};
+    std::vector<double> z = Tensor::bernoulli(fs, 0.5, Device::cpu(), 5).to_vector<double>();
+    std::vector<double> zb = Tensor::bernoulli(fs, 0.5, Device::cpu(), 6).to_vector<double>();
+    z[0] = 1; z[1] = 0; zb[1] = 0; z[2] = 0; zb[2] = 1;  // every branch
+    const Tensor tz = Tensor::from_vector(fs, z, Device::cpu()).to(t);
+    const Tensor tzb = Tensor::from_vector(fs, zb, Device::cpu()).to(t);
+    for (bool special : {false, true}) {
+      std::vector<Tensor> in;
+      for (int k = 0; k < 4; ++k) in.push_back(inputs({rows, cols}, 20 + k, t, special));
+      for (Partials p : {Partials::recompute, Partials::store}) {
+        compare_tiles_with_scalar(in, [&](const std::vector<Var>& v) {
+          return std::vector<Var>{broadcast(p, HmlstmUpdate{}, tz, tzb, v[0], v[1], v[2], v[3])};
+        }, std::string(partials_name(p)) + (per_column ? " divergent" : " uniform") +
+               (special ? " special" : ""));
+      }
+    }
+  }
+}
+
+TEST_P(CpuSimd, VectorisedChunkEqualsScalarChunkForTwoOutputs) {
+  const DType t = GetParam();
+  const Tensor z = Tensor::bernoulli({1, 20}, 0.5, Device::cpu(), 7).to(t);
+  const Tensor zb = Tensor::bernoulli({1, 20}, 0.5, Device::cpu(), 8).to(t);
+  std::vector<Tensor> in;
+  for (int k = 0; k < 6; ++k) in.push_back(inputs({50, 20}, 30 + k, t, true));
+  for (Partials p : {Partials::recompute, Partials::store}) {
+    compare_tiles_with_scalar(in, [&](const std::vector<Var>& v) {
+      auto [c, h] = broadcast(p, HmlstmCell{}, z, zb, v[0], v[1], v[2], v[3], v[4], v[5]);
+      return std::vector<Var>{c, h};
+    }, std::string("cell ") + partials_name(p));
+  }
+}
+
+template <std::size_t... I>
+std::vector<Var> arity_call(Partials p, const std::vector<Var>& v, std::index_sequence<I...>) {
+  return {broadcast(p, ArityProduct{}, v[I]...)};
+}
+
+template <int K>
+void check_arity(DType t) {
+  std::vector<Tensor> in;
+  for (int k = 0; k < K; ++k) in.push_back(inputs({1000 + 16}, 40 + k, t, K % 3 == 0));
+  for (Partials p : {Partials::recompute, Partials::store})
+    compare_tiles_with_scalar(in, [&](const std::vector<Var>& v) {
+      return arity_call(p, v, std::make_index_sequence<K>{});
+    }, "arity " + std::to_string(K) + " " + partials_name(p));
+}
+
+TEST_P(CpuSimd, VectorisedChunkEqualsScalarChunkForEveryArity) {
+  const DType t = GetParam();
+  [&]<int... K>(std::integer_sequence<int, K...>) { (check_arity<K + 1>(t), ...); }(
+      std::make_integer_sequence<int, 10>{});
+}
+
+TEST_P(CpuSimd, VectorMathKeepsSpecialValuesAndAccuracy) {
+  const DType t = GetParam();
+  // x over a wide range (and inf, NaN, 0, -0, huge), y a second argument for pow and hypot.
+  std::vector<double> xs, ys;
+  for (double v = -60; v <= 60; v += 0.37) xs.push_back(v);
+  for (double v : std::initializer_list<double>{0.0, -0.0, INFINITY, -INFINITY, NAN, 1e-30, 1e30, -1e30, 88.7, 89.0, -104.0,
+                   709.0, 710.0, 1e300, 1e4, -1e4, 3e38, 0.5, 1.0, 2.0})
+    xs.push_back(v);
+  while (xs.size() % 16 != 0) xs.push_back(0.25);
+  for (std::size_t j = 0; j < xs.size(); ++j) ys.push_back(j % 5 == 0 ? 2.0 : 0.5 + 0.01 * double(j % 97));
+  const auto n = static_cast<std::int64_t>(xs.size());
+  const std::vector<Tensor> in{Tensor::from_vector({n}, xs, Device::cpu()).to(t),
+                               Tensor::from_vector({n}, ys, Device::cpu()).to(t)};
+  compare_tiles_with_scalar(in, [&](const std::vector<Var>& v) {
+    auto r = broadcast(Partials::recompute, EveryFunction{}, v[0], v[1]);
+    std::vector<Var> out;
+    std::apply([&](auto&... o) { (out.push_back(o), ...); }, r);
+    return out;
+  }, "math");
+}
+
+#endif  // DUALCAST_CPU_TILES
+
+TEST_P(CpuSimd, TilesAreOnWhereTheBuildAndCpuAllowThem) {
+  // Reached only when SetUp did not skip: the tiles are compiled and this CPU runs them.
+  SUCCEED();
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, CpuSimd, ::testing::Values(DType::float32, DType::float64),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
