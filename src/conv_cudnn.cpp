@@ -7,7 +7,11 @@
 // use and kept for the life of the process. Choosing: cudnnFind*AlgorithmEx times every algorithm on
 // the real buffers (default; DUALCAST_CUDNN_ALGO=heuristic uses the v7 heuristics instead, and a
 // search while the stream is being captured into a CUDA graph always does, since Find synchronises).
-// Float32 runs in CUDNN_FMA_MATH: cuDNN's default math would allow TF32 tensor cores, whose 10-bit
+// Either way only algorithms that compute the convolution as a direct sum are taken: FFT and Winograd
+// transforms are faster for 3x3 kernels but carry several times the float32 rounding error (a
+// ResNet-18 step's float32 gradients were 6e-3 off the float64 step with them, 7e-4 without, where
+// PyTorch's are 1e-3 off; experiments/resnet/README.md), so they run only when asked for with
+// DUALCAST_CUDNN_FAST_ALGOS=1. Float32 runs in CUDNN_FMA_MATH: cuDNN's default math would allow TF32 tensor cores, whose 10-bit
 // mantissa is not fp32. Workspaces come from dualcast's caching allocator, stream-ordered, so a step
 // allocates nothing new once the cache is warm.
 #include "conv_impl.hpp"
@@ -54,10 +58,30 @@ bool use_find() {
   }();
   return find;
 }
+
+/// Whether FFT and Winograd algorithms may be chosen (DUALCAST_CUDNN_FAST_ALGOS=1).
+bool fast_algorithms_allowed() {
+  static const bool allowed = [] {
+    const char* env = std::getenv("DUALCAST_CUDNN_FAST_ALGOS");
+    return env && std::strcmp(env, "1") == 0;
+  }();
+  return allowed;
+}
+
+std::mutex g_chosen_mutex;
+std::vector<std::string> g_chosen;  // "direction:ALGORITHM", one per plan and direction
 }  // namespace
 
 int cudnn_algorithm_searches() { return g_searches.load(); }
-const char* cudnn_algo_search_name() { return use_find() ? "find" : "heuristic"; }
+const char* cudnn_algo_search_name() {
+  if (use_find())
+    return fast_algorithms_allowed() ? "find, FFT and Winograd allowed" : "find, no FFT or Winograd";
+  return fast_algorithms_allowed() ? "heuristic, FFT and Winograd allowed" : "heuristic, no FFT or Winograd";
+}
+std::vector<std::string> cudnn_chosen_algorithms() {
+  std::lock_guard lock(g_chosen_mutex);
+  return g_chosen;
+}
 
 #if DUALCAST_WITH_CUDA && defined(DUALCAST_WITH_CUDNN)
 
@@ -161,14 +185,63 @@ Plan& plan_for(Device device, DType dtype, const ConvGeometry& g) {
   return *slot;
 }
 
-/// Whether a result of an algorithm search may be used: it ran, fits the workspace limit, and
-/// (float32) does not use TF32 tensor cores.
+// Each algorithm's name, and whether it sums products directly (true) or through an FFT or
+// Winograd transform (false, see the top of the file).
+struct AlgoInfo {
+  const char* name;
+  bool direct;
+};
+AlgoInfo info(cudnnConvolutionFwdAlgo_t a) {
+  switch (a) {
+    case CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM: return {"IMPLICIT_GEMM", true};
+    case CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM: return {"IMPLICIT_PRECOMP_GEMM", true};
+    case CUDNN_CONVOLUTION_FWD_ALGO_GEMM: return {"GEMM", true};
+    case CUDNN_CONVOLUTION_FWD_ALGO_DIRECT: return {"DIRECT", true};
+    case CUDNN_CONVOLUTION_FWD_ALGO_FFT: return {"FFT", false};
+    case CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING: return {"FFT_TILING", false};
+    case CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD: return {"WINOGRAD", false};
+    case CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED: return {"WINOGRAD_NONFUSED", false};
+    default: return {"UNKNOWN", false};
+  }
+}
+AlgoInfo info(cudnnConvolutionBwdDataAlgo_t a) {
+  switch (a) {
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_0: return {"ALGO_0", true};
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_1: return {"ALGO_1", true};
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT: return {"FFT", false};
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING: return {"FFT_TILING", false};
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD: return {"WINOGRAD", false};
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED: return {"WINOGRAD_NONFUSED", false};
+    default: return {"UNKNOWN", false};
+  }
+}
+AlgoInfo info(cudnnConvolutionBwdFilterAlgo_t a) {
+  switch (a) {
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0: return {"ALGO_0", true};
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1: return {"ALGO_1", true};
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3: return {"ALGO_3", true};
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT: return {"FFT", false};
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING: return {"FFT_TILING", false};
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED: return {"WINOGRAD_NONFUSED", false};
+    default: return {"UNKNOWN", false};
+  }
+}
+
+/// Whether a result of an algorithm search may be used: it ran, fits the workspace limit, is a
+/// direct sum (unless FFT and Winograd are allowed) and (float32) does not use TF32 tensor cores.
 template <class Perf>
 bool usable(const Perf& r, DType dtype, std::size_t limit) {
   if (r.status != CUDNN_STATUS_SUCCESS || r.memory > limit) return false;
+  if (!info(r.algo).direct && !fast_algorithms_allowed()) return false;
   if (dtype == DType::float32 && r.mathType != CUDNN_FMA_MATH && r.mathType != CUDNN_DEFAULT_MATH)
     return false;
   return true;
+}
+
+template <class Algo>
+void record_choice(const char* direction, Algo algo) {
+  std::lock_guard lock(g_chosen_mutex);
+  g_chosen.push_back(std::string(direction) + ":" + info(algo).name);
 }
 
 bool stream_is_capturing(Device device) {
@@ -216,7 +289,8 @@ template <class Perf>
            ": " + cudnnGetErrorString(results[static_cast<std::size_t>(i)].status);
   DUALCAST_FAIL("conv2d: cuDNN has no usable ", direction, " algorithm for input [", g.N, ", ", g.C,
                 ", ", g.H, ", ", g.W, "], weight [", g.O, ", ", g.Cg(), ", ", g.KH, ", ", g.KW,
-                "] (", why, "); set DUALCAST_CONV=gemm to use dualcast's implicit GEMM");
+                "] (", why, fast_algorithms_allowed() ? "" : "; FFT and Winograd excluded",
+                "); set DUALCAST_CONV=gemm to use dualcast's implicit GEMM");
 }
 
 /// alpha and beta in the type cuDNN expects for the data type.
@@ -259,6 +333,7 @@ void cudnn_conv_forward(Device device, DType dtype, const ConvGeometry& g, const
                                    [&](const auto& e) { return usable(e, dtype, limit); });
       if (it == r.begin() + returned) no_algorithm("forward", r, returned, g);
       p.fwd = it->algo;
+      record_choice("forward", p.fwd);
       DUALCAST_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, p.x, p.w, p.conv, p.y, p.fwd, &p.fwd_ws));
       p.fwd_ready = true;
     }
@@ -296,6 +371,7 @@ void cudnn_conv_backward_data(Device device, DType dtype, const ConvGeometry& g,
                                    [&](const auto& e) { return usable(e, dtype, limit); });
       if (it == r.begin() + returned) no_algorithm("backward-data", r, returned, g);
       p.data = it->algo;
+      record_choice("backward-data", p.data);
       DUALCAST_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, p.w, p.y, p.conv, p.x, p.data,
                                                                         &p.data_ws));
       p.data_ready = true;
@@ -334,6 +410,7 @@ void cudnn_conv_backward_filter(Device device, DType dtype, const ConvGeometry& 
                                    [&](const auto& e) { return usable(e, dtype, limit); });
       if (it == r.begin() + returned) no_algorithm("backward-filter", r, returned, g);
       p.filter = it->algo;
+      record_choice("backward-filter", p.filter);
       DUALCAST_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p.x, p.y, p.conv, p.w,
                                                                           p.filter, &p.filter_ws));
       p.filter_ready = true;
@@ -350,6 +427,7 @@ void cudnn_conv_backward_filter(Device device, DType dtype, const ConvGeometry& 
 
 bool cudnn_compiled() { return false; }
 std::string cudnn_version_string() { return ""; }
+std::vector<std::string> cudnn_chosen_algorithms() { return {}; }
 
 namespace {
 [[noreturn]] void no_cudnn() {

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "dualcast/device.hpp"
 #include "dualcast/dtype.hpp"
@@ -30,8 +31,12 @@ struct ConvGeometry {
 /// Whether the library was built with cuDNN, and its version ("9.14.0", or "" without).
 bool cudnn_compiled();
 std::string cudnn_version_string();
-/// "find" or "heuristic": how cuDNN algorithms are chosen (DUALCAST_CUDNN_ALGO).
+/// How cuDNN algorithms are chosen: "find" or "heuristic" (DUALCAST_CUDNN_ALGO), and whether FFT and
+/// Winograd algorithms may be (DUALCAST_CUDNN_FAST_ALGOS=1).
 const char* cudnn_algo_search_name();
+/// The algorithms chosen so far, "direction:NAME" (e.g. "forward:IMPLICIT_PRECOMP_GEMM"), one per
+/// convolution shape and direction, in the order chosen.
+std::vector<std::string> cudnn_chosen_algorithms();
 
 /// y = conv(x, w) (all contiguous NCHW on `device`).
 void cudnn_conv_forward(Device device, DType dtype, const ConvGeometry& g, const void* x,

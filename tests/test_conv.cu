@@ -7,10 +7,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
-#include "../src/conv_impl.hpp"  // cudnn_algorithm_searches(), a private counter for the cache test
+#include "../src/conv_impl.hpp"  // cudnn_algorithm_searches() and cudnn_chosen_algorithms(): private
 #include "dualcast/gradcheck.hpp"
 #include "dualcast/ops/conv.hpp"
 #include "dualcast/ops/elementwise.hpp"
@@ -238,6 +239,35 @@ TEST_P(Conv, CudnnSearchesEachShapeAndDirectionOnce) {
   step();
   EXPECT_EQ(detail::cudnn_algorithm_searches(), before + 3) << "the second step searched again";
   EXPECT_NE(conv_backend_name(dev).find("cuDNN"), std::string::npos) << conv_backend_name(dev);
+}
+
+TEST_P(Conv, CudnnChoosesOnlyDirectSumAlgorithmsUnlessAskedFor) {
+  // FFT and Winograd convolutions carry several times the float32 rounding error of a direct sum;
+  // Find picks them at ResNet shapes when allowed (FFT at 32x32 and 16x16 with 64-128 channels on an
+  // H100), so they must be filtered out of its timed results.
+  const Device dev = GetParam();
+  if (dev.is_cpu() || !cudnn_available()) GTEST_SKIP() << "needs cuDNN on a CUDA device";
+  if (const char* env = std::getenv("DUALCAST_CUDNN_FAST_ALGOS"); env && std::string(env) == "1")
+    GTEST_SKIP() << "DUALCAST_CUDNN_FAST_ALGOS=1 allows FFT and Winograd";
+  set_conv_backend(ConvBackend::cudnn);
+  const std::size_t before = detail::cudnn_chosen_algorithms().size();
+  struct Stage {
+    std::int64_t channels, side;
+  };
+  const std::int64_t batch = dualcast::testing::unless_sanitizing(32, 2);
+  for (const Stage s : {Stage{64, 32}, Stage{128, 16}}) {
+    Var x = Var::param(Tensor::randn({batch, s.channels, s.side, s.side}, dev, 51));
+    Var w = Var::param(Tensor::randn({s.channels, s.channels, 3, 3}, dev, 52));
+    sum(conv2d(x, w, {.padding = 1})).backward();
+  }
+  const std::vector<std::string> chosen = detail::cudnn_chosen_algorithms();
+  ASSERT_EQ(chosen.size(), before + 6) << "two shapes, three directions each";
+  for (std::size_t i = before; i < chosen.size(); ++i) {
+    EXPECT_EQ(chosen[i].find("FFT"), std::string::npos) << chosen[i];
+    EXPECT_EQ(chosen[i].find("WINOGRAD"), std::string::npos) << chosen[i];
+    EXPECT_EQ(chosen[i].find("UNKNOWN"), std::string::npos) << chosen[i];
+  }
+  EXPECT_NE(conv_backend_name(dev).find("no FFT or Winograd"), std::string::npos) << conv_backend_name(dev);
 }
 
 TEST_P(Conv, BackendNameSaysWhatRuns) {

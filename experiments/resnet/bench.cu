@@ -180,11 +180,13 @@ int run_bench(const Options& o) {
     json::Value js = json::Value::object();
     js["what"] = "one ResNet-18 training step (forward, cross-entropy, backward, SGD momentum 0.9, weight decay 5e-4), fp32";
     js["framework"] = "dualcast";
-    // The method's name says what differs from the default (fused elementwise, cuDNN, Find).
+    // The method's name says what differs from the default (fused elementwise, cuDNN, Find, no FFT or
+    // Winograd).
     std::string method = o.fusion == Fusion::fused ? "eager" : "eager_composed";
     const std::string backend = dualcast::conv_backend_name(device);
     if (device.is_cuda() && backend.find("im2col") != std::string::npos) method += "_gemm";
     if (backend.find("heuristic") != std::string::npos) method += "_heuristic";
+    if (backend.find("FFT and Winograd allowed") != std::string::npos) method += "_fft_winograd";
     js["method"] = method;
     js["width"] = static_cast<long long>(o.width);
     js["input"] = "[B, 1, 28, 28]";

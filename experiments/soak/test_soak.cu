@@ -9,11 +9,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "dualcast/error.hpp"
+#include "dualcast/gradcheck.hpp"  // running_under_sanitizer
 #include "soak.hpp"
 #include "test_util.hpp"
 
@@ -137,7 +137,7 @@ class ShortSoak : public ::testing::TestWithParam<Device> {
     soak::Config c;
     c.model = model;
     c.device = d;
-    const bool sanitizing = std::getenv("DUALCAST_SANITIZE") != nullptr;
+    const bool sanitizing = running_under_sanitizer();
     c.steps = sanitizing ? 12 : 200;
     c.every = sanitizing ? 4 : 10;
     c.limits.check_rss = !sanitizing;

@@ -10,7 +10,11 @@
 // dualcast's broadcast fast path does), upload (cudaGraphUpload before the first launch, as
 // Graph::capture does), global (cudaStreamCaptureModeGlobal, the allocation in capture after
 // switching the thread to relaxed mode, as dualcast's graph pool does), default (cudaMemcpyDefault,
-// as dualcast's copies). Exit status 0 when dst holds the written values.
+// as dualcast's copies), abandon (first a capture on the same stream that records the step into its
+// own buffer, allocated in that capture, and is ended and destroyed without a launch: what test_graph
+// does before every reported replay, in expect_uncapturable), abandon-reuse (the same, the abandoned
+// capture writing tmp itself, which the real capture then reuses, as dualcast's cache hands the
+// abandoned block back). Exit status 0 when dst holds the written values.
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -60,6 +64,26 @@ int main(int argc, char** argv) {
   if (!alloc_in_capture) CHECK(cudaMalloc(&tmp, bytes));
   const bool stcs = has(argc, argv, "stcs"), upload = has(argc, argv, "upload");
   const bool global = has(argc, argv, "global"), kind_default = has(argc, argv, "default");
+  const bool abandon = has(argc, argv, "abandon"), abandon_reuse = has(argc, argv, "abandon-reuse");
+  if (abandon || abandon_reuse) {
+    // A capture that records a kernel writing a buffer allocated during it, then is given up.
+    float* scratch = nullptr;
+    CHECK(cudaStreamBeginCapture(s, global ? cudaStreamCaptureModeGlobal : cudaStreamCaptureModeRelaxed));
+    cudaStreamCaptureMode m = cudaStreamCaptureModeRelaxed;
+    CHECK(cudaThreadExchangeStreamCaptureMode(&m));
+    CHECK(cudaMalloc(&scratch, bytes));
+    CHECK(cudaThreadExchangeStreamCaptureMode(&m));
+    add_one<<<(n + 255) / 256, 256, 0, s>>>(x, scratch, n);
+    cudaGraph_t partial = nullptr;
+    CHECK(cudaStreamEndCapture(s, &partial));
+    CHECK(cudaGraphDestroy(partial));
+    if (abandon_reuse && !alloc_in_capture) {
+      CHECK(cudaFree(tmp));
+      tmp = scratch;  // never written: its only writer was never launched
+    } else {
+      CHECK(cudaFree(scratch));
+    }
+  }
   auto step = [&]() -> cudaError_t {  // x = x + 1 through tmp, as x.copy_(x + 1.0) does
     if (stcs)
       add_one_stcs<<<(n / 4 + 255) / 256, 256, 0, s>>>(reinterpret_cast<const float4*>(x),
@@ -92,7 +116,7 @@ int main(int argc, char** argv) {
   CHECK(cudaStreamSynchronize(s));
   std::vector<float> h(n);
   CHECK(cudaMemcpy(h.data(), x, bytes, cudaMemcpyDeviceToHost));
-  std::printf("%s%s%s%s%s: x[0] = %g, x[%d] = %g (want %d)\n", mode, stcs ? " stcs" : "", upload ? " upload" : "", global ? " global" : "", kind_default ? " default" : "", h[0], n - 1, h[n - 1], reps);
+  std::printf("%s%s%s%s%s%s: x[0] = %g, x[%d] = %g (want %d)\n", mode, stcs ? " stcs" : "", upload ? " upload" : "", global ? " global" : "", kind_default ? " default" : "", abandon_reuse ? " abandon-reuse" : abandon ? " abandon" : "", h[0], n - 1, h[n - 1], reps);
   CHECK(cudaFree(tmp));
   CHECK(cudaFree(x));
   CHECK(cudaStreamDestroy(s));

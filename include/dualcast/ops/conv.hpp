@@ -10,8 +10,10 @@
 //  * CUDA with cuDNN (found by the build, which says so): cudnnConvolutionForward / BackwardData /
 //    BackwardFilter with one handle per device on dualcast's stream, descriptors and algorithms
 //    cached per shape (cudnnFind*AlgorithmEx on first use, or the v7 heuristics with
-//    DUALCAST_CUDNN_ALGO=heuristic and always while a stream is being captured), workspace from
-//    dualcast's caching allocator, float32 in CUDNN_FMA_MATH (no TF32 rounding: fp32 stays fp32).
+//    DUALCAST_CUDNN_ALGO=heuristic and always while a stream is being captured), only algorithms
+//    that sum directly (FFT and Winograd, several times the float32 error, only with
+//    DUALCAST_CUDNN_FAST_ALGOS=1), workspace from dualcast's caching allocator, float32 in
+//    CUDNN_FMA_MATH (no TF32 rounding: fp32 stays fp32).
 //  * otherwise ("gemm"): im2col of a chunk of the batch into a column matrix, then GEMMs (cuBLAS on
 //    the GPU, the CPU BLAS on the host), per group; the input gradient is gathered back from the
 //    column gradient (each input element sums the columns that read it: no atomics, deterministic);
