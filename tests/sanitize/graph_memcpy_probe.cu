@@ -1,20 +1,31 @@
 // graph_memcpy_probe.cu: is compute-sanitizer initcheck's report on test_graph (a CUDA graph's memcpy
 // node "reads uninitialised" the buffer a kernel node before it wrote) about dualcast or about the
 // tool? The same pattern in plain CUDA, no dualcast: a kernel writes tmp, a D2D cudaMemcpyAsync copies
-// tmp to dst, on one stream, run (a) eagerly and (b) as a captured graph replayed three times, with tmp
-// allocated (c) before capture or (d) by cudaMalloc during a relaxed-mode capture, as dualcast's
-// graph pool does. Build and run on the GPU machine:
-//   nvcc -o probe tests/sanitize/graph_memcpy_probe.cu && compute-sanitizer --tool initcheck ./probe graph
-// First argument: eager | graph | graph-alloc-in-capture. Further arguments, each one way dualcast
-// differs from the plainest form: stcs (the kernel writes float4 with streaming stores, __stcs, as
-// dualcast's broadcast fast path does), upload (cudaGraphUpload before the first launch, as
-// Graph::capture does), global (cudaStreamCaptureModeGlobal, the allocation in capture after
-// switching the thread to relaxed mode, as dualcast's graph pool does), default (cudaMemcpyDefault,
-// as dualcast's copies), abandon (first a capture on the same stream that records the step into its
-// own buffer, allocated in that capture, and is ended and destroyed without a launch: what test_graph
-// does before every reported replay, in expect_uncapturable), abandon-reuse (the same, the abandoned
-// capture writing tmp itself, which the real capture then reuses, as dualcast's cache hands the
-// abandoned block back). Exit status 0 when dst holds the written values.
+// tmp to x, on one stream, run eagerly or as a captured graph replayed three times.
+//
+// Answer (H100, CUDA 13.0, 2026-11-25, tests/sanitize/graph-probe): the tool. With a kernel that takes
+// a little longer (`slow`: one block, a grid-stride loop, some arithmetic per element, as dualcast's
+// instrumented broadcast kernels) every graph run reports 61-109 "uninitialised" 32-byte pieces of
+// tmp, a varying tail of what the kernel wrote, while the values copied are right and the eager run
+// reports nothing: initcheck checks the memcpy node without waiting for the kernel node's writes.
+// The short kernels below never lose that race. scripts/gpu-sanitize keeps the three test_graph tests
+// with this pattern out of initcheck (and says why there).
+//
+// Build and run on the GPU machine:
+//   nvcc -o probe tests/sanitize/graph_memcpy_probe.cu && compute-sanitizer --tool initcheck ./probe graph slow
+// First argument: eager | graph | graph-alloc-in-capture (tmp allocated by cudaMalloc during a
+// relaxed-mode capture, as dualcast's graph pool does). Further arguments, each one way dualcast
+// differs from the plainest form: slow (above), stcs (the kernel writes float4 with streaming
+// stores, __stcs, as dualcast's broadcast fast path does), upload (cudaGraphUpload before the first
+// launch, as Graph::capture does), global (cudaStreamCaptureModeGlobal, the allocation in capture
+// after switching the thread to relaxed mode, as dualcast's graph pool does), default
+// (cudaMemcpyDefault, as dualcast's copies), occupancy (the kernel's first touch is an occupancy
+// query inside the capture, as dualcast's launcher asks), prewrite-half (tmp's first half written
+// eagerly before the capture, as a block from dualcast's cache may be), abandon (first a capture on
+// the same stream that records the step into its own buffer, allocated in that capture, and is
+// ended and destroyed without a launch: what test_graph does before some reports, in
+// expect_uncapturable), abandon-reuse (the same, the abandoned capture writing tmp itself, which the
+// real capture then reuses). Exit status 0 when x holds the written values.
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -44,6 +55,16 @@ __global__ void add_one_stcs(const float4* x, float4* y, int n4) {
   }
 }
 
+// One block, a grid-stride loop and some arithmetic per element: a kernel whose writes come out over
+// a longer time, like dualcast's broadcast kernels (instrumented, they take far longer still).
+__global__ void add_one_slow(const float* x, float* y, int n) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    float v = x[i], acc = 0.0f;
+    for (int k = 0; k < 64; ++k) acc = acc * 0.5f + v * 1e-30f;
+    y[i] = x[i] + 1.0f + acc * 0.0f;
+  }
+}
+
 bool has(int argc, char** argv, const char* flag) {
   for (int a = 2; a < argc; ++a)
     if (std::strcmp(argv[a], flag) == 0) return true;
@@ -65,6 +86,12 @@ int main(int argc, char** argv) {
   const bool stcs = has(argc, argv, "stcs"), upload = has(argc, argv, "upload");
   const bool global = has(argc, argv, "global"), kind_default = has(argc, argv, "default");
   const bool abandon = has(argc, argv, "abandon"), abandon_reuse = has(argc, argv, "abandon-reuse");
+  if (has(argc, argv, "prewrite-half") && !alloc_in_capture) {
+    // tmp partly written before the capture (its first half by an eager kernel), as a block from
+    // dualcast's cache may be: does the tool then judge the graph's memcpy by tmp's state at launch?
+    add_one<<<(n / 2 + 255) / 256, 256, 0, s>>>(x, tmp, n / 2);
+    CHECK(cudaStreamSynchronize(s));
+  }
   if (abandon || abandon_reuse) {
     // A capture that records a kernel writing a buffer allocated during it, then is given up.
     float* scratch = nullptr;
@@ -84,8 +111,19 @@ int main(int argc, char** argv) {
       CHECK(cudaFree(scratch));
     }
   }
+  const bool occupancy = has(argc, argv, "occupancy");
   auto step = [&]() -> cudaError_t {  // x = x + 1 through tmp, as x.copy_(x + 1.0) does
-    if (stcs)
+    if (occupancy) {
+      // The kernel's first touch inside the capture is an occupancy query, as dualcast's launcher
+      // asks once per kernel (with lazy module loading this loads the kernel's module mid-capture).
+      int blocks = 0;
+      const cudaError_t e = stcs ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, add_one_stcs, 256, 0)
+                                 : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, add_one, 256, 0);
+      if (e != cudaSuccess) return e;
+    }
+    if (has(argc, argv, "slow"))
+      add_one_slow<<<1, 128, 0, s>>>(x, tmp, n);
+    else if (stcs)
       add_one_stcs<<<(n / 4 + 255) / 256, 256, 0, s>>>(reinterpret_cast<const float4*>(x),
                                                        reinterpret_cast<float4*>(tmp), n / 4);
     else

@@ -106,10 +106,16 @@ case_dry_run_lists_every_tool_on_every_gpu_test_binary() {
   expect "$tmp/stdout" '^  test_beta: 1 tests$'
   expect "$tmp/stdout" 'skipped: test_cpu_only \(no test selected\)'
   expect_not "$tmp/stdout" 'test_ignored'
-  [ "$(grep -c -- '--gtest_filter=-\\\*/cpu$' "$tmp/stdout")" -eq 6 ] || fail "expected 6 commands (3 tools x 2 binaries)"
-  # racecheck's documented exclusion (scripts/gpu-sanitize, "Exclusions")
+  [ "$(grep -c -- '--gtest_filter=-\\\*/cpu$' "$tmp/stdout")" -eq 4 ] ||
+    fail "expected 4 commands without exclusions (memcheck and synccheck x 2 binaries)"
+  # the documented exclusions and environment (scripts/gpu-sanitize, "Exclusions", "Environment by tool")
   [ "$(grep -c -- '--tool racecheck .*--gtest_filter=-\\\*/cpu:\\\*ConcurrentCallers\\\*$' "$tmp/stdout")" -eq 2 ] ||
     fail "expected 2 racecheck commands excluding *ConcurrentCallers*"
+  [ "$(grep -c -- '--tool initcheck .*--gtest_filter=-\\\*/cpu:\\\*CaptureRecordsTheStepAndReplayRunsIt\\\*:' "$tmp/stdout")" -eq 2 ] ||
+    fail "expected 2 initcheck commands excluding the graph memcpy tests"
+  [ "$(grep -c -- 'DUALCAST_CUDNN_ALGO=heuristic .*--tool racecheck ' "$tmp/stdout")" -eq 2 ] ||
+    fail "expected racecheck (only) to run with cuDNN's heuristics"
+  expect_not "$tmp/stdout" 'DUALCAST_CUDNN_ALGO=heuristic .*--tool (memcheck|initcheck|synccheck) '
   for t in memcheck racecheck initcheck synccheck; do
     expect "$tmp/stdout" "--tool $t --error-exitcode 86 --print-limit 30 --require-cuda-init no --target-processes all .*test_alpha"
   done
