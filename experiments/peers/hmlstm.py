@@ -3,7 +3,7 @@
 Every function takes an ops namespace ``O`` first.  The same code runs on
   * PyTorch tensors   (peer_torch.TorchOps),
   * JAX arrays        (peer_jax.JaxOps),
-  * npad Vars         (npad.NPOps: the numpy test double used by --selftest),
+  * npad Vars         (npad.NPOps: the numpy test double used by selftest.py),
 so the arithmetic the peers time is the arithmetic the numpy self-test checks.
 
 ``O`` provides: sigmoid, tanh, where(cond, x, y), sg (stop_gradient / detach), fmask(cond, like)

@@ -1,6 +1,6 @@
 """NumPy on the CPU, two methods with the peers' interface.
 
-'numpy': a test double (for --selftest and smoke runs). It runs the backend-generic code of
+'numpy': a test double (for selftest.py and smoke runs). It runs the backend-generic code of
 hmlstm.py on npad (numpy autodiff) in float32 and times with wall-clock. It is not a peer and its
 timings mean nothing; it lets the whole orchestration (validation, timing loop, JSON records) run on
 a machine without torch and jax.

@@ -168,10 +168,6 @@ def build_parser():
     p.add_argument("--strict", action="store_true",
                    help="exit 1 if any measurement failed validation or raised (default: exit 0 "
                         "and record it)")
-    p.add_argument("--selftest", action="store_true",
-                   help="run the numpy-only self-test (reference vs finite differences, loader, "
-                        "comparisons, CLI; plus each installed framework on a tiny validation "
-                        "directory) and exit")
     return p
 
 
@@ -477,9 +473,6 @@ def run(args):
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.selftest:
-        import selftest
-        return selftest.main()
     args = resolve(args)
     if args.validate:
         try:

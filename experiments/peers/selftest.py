@@ -1,4 +1,7 @@
-"""Self-test of the peer harness: `python3 experiments/peers/peers.py --selftest`.
+"""Self-test of the peer harness: `python3 experiments/peers/selftest.py`.
+
+It drives peers.py from outside (imports of the shared modules, and peers.py's command line as a
+subprocess); peers.py does not import it.
 
 numpy only.  Checks
   * the hand-written reference (reference.py) against the backend-generic code (hmlstm.py run on
@@ -400,7 +403,7 @@ def cli_help_documents_every_option():
     for opt in ("--workloads", "--dims", "--methods", "--reps", "--warmup", "--validate", "--out",
                 "--quick", "--e-hidden", "--e-batch", "--e-seq", "--e-vocab", "--e-slope", "--e-lr",
                 "--sets", "--seed", "--rtol-cell", "--rtol-model", "--no-refcheck", "--compile-mode",
-                "--allow-cpu", "--strict", "--append", "--selftest"):
+                "--allow-cpu", "--strict", "--append"):
         check(opt in out, "--help does not mention " + opt)
 
 

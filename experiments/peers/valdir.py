@@ -1,6 +1,6 @@
 """Reading and writing validation directories, and the error measures used to compare results.
 
-Format (written by dualcast's C++ driver; --selftest writes one with the numpy reference):
+Format (written by dualcast's C++ driver; selftest.py writes one with the numpy reference):
   DIR/manifest.json = {"arrays":  {"name": {"file": "name.bin", "shape": [..],
                                             "dtype": "float32" | "int32"}},
                        "scalars": {"name": value}}
