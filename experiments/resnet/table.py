@@ -67,6 +67,13 @@ def main():
                              "dualcast and %.1e for PyTorch float32 (a tensor passes within %gx of PyTorch's own "
                              "error); failed: %s." % (g64["dualcast"], g64["torch"], v.get("float64_slack", 4),
                                                       ", ".join(v["grads"]["failed"]) or "none"))
+    # What each dualcast method ran: the method names say what differs from the default, and the
+    # default changed (Find without FFT and Winograd since 9214848; "algorithms: find" before).
+    backends = sorted({(rec.get("method", "eager"), rec["conv_backend"]) for rec in recs
+                       if rec.get("framework") == "dualcast" and rec.get("conv_backend")})
+    if backends:
+        lines.append("")
+        lines.append("Convolutions: " + "; ".join("%s: %s" % mb for mb in backends) + ".")
     t = {(fw, m, b): ms for fw, m, b, ms, _ in rows if ms}
     if ("dualcast", "eager", 256) in t:
         d = t[("dualcast", "eager", 256)]
