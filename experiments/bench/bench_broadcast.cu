@@ -18,9 +18,12 @@
 // store: 4K+2; reverse: the recompute count, i.e. its floor), GB/s = bytes / mean step time,
 // floor_us = bytes(recompute count) / measured copy bandwidth, x_floor = mean time / floor_us,
 // mallocs = cudaMalloc calls during the timed iterations (GPU: 0 expected, all from the caching
-// allocator; CPU: every host allocation counts), sets = input sets, val_err = the validation error.
+// allocator; CPU: every host allocation counts), sets = input sets, val_err = the validation error,
+// host_us (GPU) = the host's wall time inside one step (it starts on an idle GPU, so this is the
+// cost of issuing the step: tape, allocations, argument packing, launches; issue 10, item 2).
 //
-// GPU sizes: DIMS 512..8192, arity at 2048. CPU sizes (2-core friendly): DIMS 256..1024, arity at 512.
+// GPU sizes: DIMS 512..8192, arity at 2048. CPU sizes (2-core friendly): DIMS 256..1024, arity at
+// 512, and DIMS 16, whose 256 elements leave the per-call host cost of the CPU path.
 // Without a CUDA device the GPU benchmarks are not registered (a line on stderr says so).
 #include <benchmark/benchmark.h>
 
@@ -179,7 +182,7 @@ void run_config(benchmark::State& state, const Config& c) {
   }
   dualcast::synchronize(c.device);
   const auto mallocs0 = dualcast::memory_stats(c.device).device_malloc_calls;
-  double total_s = 0;
+  double total_s = 0, host_s = 0;
   std::int64_t it = 0;
 #if defined(__CUDACC__)
   std::unique_ptr<dcexp::EventPair> ev;
@@ -191,7 +194,9 @@ void run_config(benchmark::State& state, const Config& c) {
     if (c.device.is_cuda()) {
 #if defined(__CUDACC__)
       cudaEventRecord(ev->start);
-      (void)step(c, s, c.method);
+      const double h0 = dcexp::now_ms();
+      (void)step(c, s, c.method);  // the queue is empty here: this is the host's own cost
+      host_s += (dcexp::now_ms() - h0) * 1e-3;
       cudaEventRecord(ev->stop);
       const double sec = ev->elapsed_ms() * 1e-3;
       state.SetIterationTime(sec);
@@ -228,6 +233,7 @@ void run_config(benchmark::State& state, const Config& c) {
   state.counters["mallocs"] = static_cast<double>(dualcast::memory_stats(c.device).device_malloc_calls - mallocs0);
   state.counters["sets"] = nsets;
   state.counters["val_err"] = k.max_err;
+  if (c.device.is_cuda() && it > 0) state.counters["host_us"] = host_s / static_cast<double>(it) * 1e6;
   state.SetLabel(c.arity ? "K=" + std::to_string(K) + " dims=" + std::to_string(c.dims) : "dims=" + std::to_string(c.dims));
 }
 
@@ -281,7 +287,7 @@ void register_all() {
   for (const Device& d : devices) {
     const std::string dev = d.is_cuda() ? "gpu" : "cpu";
     const std::vector<std::int64_t> dims = d.is_cuda() ? std::vector<std::int64_t>{512, 1024, 2048, 4096, 8192}
-                                                       : std::vector<std::int64_t>{256, 512, 1024};
+                                                       : std::vector<std::int64_t>{16, 256, 512, 1024};
     const std::int64_t arity_dims = d.is_cuda() ? 2048 : 512;
     auto reg = [&](const std::string& name, const Config& c) {
       auto* b = benchmark::RegisterBenchmark(name.c_str(), [c](benchmark::State& st) { run_config(st, c); });
