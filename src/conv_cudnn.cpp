@@ -12,7 +12,8 @@
 // gradients were 6e-3 off the float64 step with Find's choice (FFT among it), 7e-4 with dualcast's
 // im2col + cuBLAS path, where PyTorch's are 1e-3 off (experiments/resnet/README.md); that the
 // transforms account for the difference is the working hypothesis until the step is validated with
-// this choice. They run only when asked for with DUALCAST_CUDNN_FAST_ALGOS=1. Float32 runs in CUDNN_FMA_MATH: cuDNN's default math would allow TF32 tensor cores, whose 10-bit
+// this choice. They run only when asked for with DUALCAST_CUDNN_FAST_ALGOS (=1 for all of them, or a
+// list of kinds and directions: fast_algos below). Float32 runs in CUDNN_FMA_MATH: cuDNN's default math would allow TF32 tensor cores, whose 10-bit
 // mantissa is not fp32. Workspaces come from dualcast's caching allocator, stream-ordered, so a step
 // allocates nothing new once the cache is warm.
 #include "conv_impl.hpp"
@@ -60,13 +61,51 @@ bool use_find() {
   return find;
 }
 
-/// Whether FFT and Winograd algorithms may be chosen (DUALCAST_CUDNN_FAST_ALGOS=1).
-bool fast_algorithms_allowed() {
-  static const bool allowed = [] {
-    const char* env = std::getenv("DUALCAST_CUDNN_FAST_ALGOS");
-    return env && std::strcmp(env, "1") == 0;
-  }();
-  return allowed;
+}  // namespace
+
+CudnnFastAlgos parse_cudnn_fast_algos(const char* env) {
+  CudnnFastAlgos f;
+  if (!env || !*env || std::strcmp(env, "0") == 0) return f;
+  f.text = env;
+  bool kinds[2] = {}, dirs[3] = {}, any_kind = false, any_dir = false;  // none named: all of them
+  if (std::strcmp(env, "1") != 0 && std::strcmp(env, "all") != 0) {
+    const std::string v = env;
+    std::size_t at = 0;
+    while (at <= v.size()) {
+      const std::size_t comma = std::min(v.find(',', at), v.size());
+      const std::string w = v.substr(at, comma - at);
+      at = comma + 1;
+      if (w == "fft") kinds[0] = any_kind = true;
+      else if (w == "winograd") kinds[1] = any_kind = true;
+      else if (w == "forward") dirs[0] = any_dir = true;
+      else if (w == "backward_data") dirs[1] = any_dir = true;
+      else if (w == "backward_filter") dirs[2] = any_dir = true;
+      else
+        DUALCAST_FAIL("DUALCAST_CUDNN_FAST_ALGOS='", v, "': unknown word '", w,
+                      "' (expected 0, 1, all, or a comma list of fft, winograd, forward, "
+                      "backward_data, backward_filter)");
+    }
+  }
+  for (int d = 0; d < 3; ++d) {
+    const bool dir = !any_dir || dirs[d];
+    f.fft[d] = dir && (!any_kind || kinds[0]);
+    f.winograd[d] = dir && (!any_kind || kinds[1]);
+  }
+  return f;
+}
+
+namespace {
+const CudnnFastAlgos& fast_algos() {
+  static const CudnnFastAlgos f = parse_cudnn_fast_algos(std::getenv("DUALCAST_CUDNN_FAST_ALGOS"));
+  return f;
+}
+
+/// How the search-rule part of conv_backend_name reads.
+std::string fast_algos_phrase() {
+  const CudnnFastAlgos& f = fast_algos();
+  if (f.none()) return "no FFT or Winograd";
+  if (f.all()) return "FFT and Winograd allowed";
+  return "FFT/Winograd allowed: " + f.text;
 }
 
 std::mutex g_chosen_mutex;
@@ -74,10 +113,8 @@ std::vector<std::string> g_chosen;  // "direction:ALGORITHM", one per plan and d
 }  // namespace
 
 int cudnn_algorithm_searches() { return g_searches.load(); }
-const char* cudnn_algo_search_name() {
-  if (use_find())
-    return fast_algorithms_allowed() ? "find, FFT and Winograd allowed" : "find, no FFT or Winograd";
-  return fast_algorithms_allowed() ? "heuristic, FFT and Winograd allowed" : "heuristic, no FFT or Winograd";
+std::string cudnn_algo_search_name() {
+  return std::string(use_find() ? "find, " : "heuristic, ") + fast_algos_phrase();
 }
 std::vector<std::string> cudnn_chosen_algorithms() {
   std::lock_guard lock(g_chosen_mutex);
@@ -186,54 +223,62 @@ Plan& plan_for(Device device, DType dtype, const ConvGeometry& g) {
   return *slot;
 }
 
-// Each algorithm's name, and whether it sums products directly (true) or through an FFT or
-// Winograd transform (false, see the top of the file).
+// Each algorithm's name, whether it sums products directly or through an FFT or Winograd transform
+// (see the top of the file), and its direction (0 forward, 1 backward data, 2 backward filter).
+enum class Transform { none, fft, winograd, unknown };
 struct AlgoInfo {
   const char* name;
-  bool direct;
+  Transform transform;
+  int direction;
 };
 AlgoInfo info(cudnnConvolutionFwdAlgo_t a) {
   switch (a) {
-    case CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM: return {"IMPLICIT_GEMM", true};
-    case CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM: return {"IMPLICIT_PRECOMP_GEMM", true};
-    case CUDNN_CONVOLUTION_FWD_ALGO_GEMM: return {"GEMM", true};
-    case CUDNN_CONVOLUTION_FWD_ALGO_DIRECT: return {"DIRECT", true};
-    case CUDNN_CONVOLUTION_FWD_ALGO_FFT: return {"FFT", false};
-    case CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING: return {"FFT_TILING", false};
-    case CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD: return {"WINOGRAD", false};
-    case CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED: return {"WINOGRAD_NONFUSED", false};
-    default: return {"UNKNOWN", false};
+    case CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM: return {"IMPLICIT_GEMM", Transform::none, 0};
+    case CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM: return {"IMPLICIT_PRECOMP_GEMM", Transform::none, 0};
+    case CUDNN_CONVOLUTION_FWD_ALGO_GEMM: return {"GEMM", Transform::none, 0};
+    case CUDNN_CONVOLUTION_FWD_ALGO_DIRECT: return {"DIRECT", Transform::none, 0};
+    case CUDNN_CONVOLUTION_FWD_ALGO_FFT: return {"FFT", Transform::fft, 0};
+    case CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING: return {"FFT_TILING", Transform::fft, 0};
+    case CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD: return {"WINOGRAD", Transform::winograd, 0};
+    case CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED: return {"WINOGRAD_NONFUSED", Transform::winograd, 0};
+    default: return {"UNKNOWN", Transform::unknown, 0};
   }
 }
 AlgoInfo info(cudnnConvolutionBwdDataAlgo_t a) {
   switch (a) {
-    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_0: return {"ALGO_0", true};
-    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_1: return {"ALGO_1", true};
-    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT: return {"FFT", false};
-    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING: return {"FFT_TILING", false};
-    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD: return {"WINOGRAD", false};
-    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED: return {"WINOGRAD_NONFUSED", false};
-    default: return {"UNKNOWN", false};
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_0: return {"ALGO_0", Transform::none, 1};
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_1: return {"ALGO_1", Transform::none, 1};
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT: return {"FFT", Transform::fft, 1};
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING: return {"FFT_TILING", Transform::fft, 1};
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD: return {"WINOGRAD", Transform::winograd, 1};
+    case CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED: return {"WINOGRAD_NONFUSED", Transform::winograd, 1};
+    default: return {"UNKNOWN", Transform::unknown, 1};
   }
 }
 AlgoInfo info(cudnnConvolutionBwdFilterAlgo_t a) {
   switch (a) {
-    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0: return {"ALGO_0", true};
-    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1: return {"ALGO_1", true};
-    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3: return {"ALGO_3", true};
-    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT: return {"FFT", false};
-    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING: return {"FFT_TILING", false};
-    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED: return {"WINOGRAD_NONFUSED", false};
-    default: return {"UNKNOWN", false};
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0: return {"ALGO_0", Transform::none, 2};
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1: return {"ALGO_1", Transform::none, 2};
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3: return {"ALGO_3", Transform::none, 2};
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT: return {"FFT", Transform::fft, 2};
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING: return {"FFT_TILING", Transform::fft, 2};
+    case CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED: return {"WINOGRAD_NONFUSED", Transform::winograd, 2};
+    default: return {"UNKNOWN", Transform::unknown, 2};
   }
 }
 
 /// Whether a result of an algorithm search may be used: it ran, fits the workspace limit, is a
-/// direct sum (unless FFT and Winograd are allowed) and (float32) does not use TF32 tensor cores.
+/// direct sum (unless DUALCAST_CUDNN_FAST_ALGOS allows its transform in its direction) and
+/// (float32) does not use TF32 tensor cores. An algorithm this file does not know is taken only
+/// when every transform is allowed.
 template <class Perf>
 bool usable(const Perf& r, DType dtype, std::size_t limit) {
   if (r.status != CUDNN_STATUS_SUCCESS || r.memory > limit) return false;
-  if (!info(r.algo).direct && !fast_algorithms_allowed()) return false;
+  const AlgoInfo a = info(r.algo);
+  const CudnnFastAlgos& f = fast_algos();
+  if (a.transform == Transform::fft && !f.fft[a.direction]) return false;
+  if (a.transform == Transform::winograd && !f.winograd[a.direction]) return false;
+  if (a.transform == Transform::unknown && !f.all()) return false;
   if (dtype == DType::float32 && r.mathType != CUDNN_FMA_MATH && r.mathType != CUDNN_DEFAULT_MATH)
     return false;
   return true;
@@ -290,7 +335,7 @@ template <class Perf>
            ": " + cudnnGetErrorString(results[static_cast<std::size_t>(i)].status);
   DUALCAST_FAIL("conv2d: cuDNN has no usable ", direction, " algorithm for input [", g.N, ", ", g.C,
                 ", ", g.H, ", ", g.W, "], weight [", g.O, ", ", g.Cg(), ", ", g.KH, ", ", g.KW,
-                "] (", why, fast_algorithms_allowed() ? "" : "; FFT and Winograd excluded",
+                "] (", why, "; ", fast_algos_phrase(),
                 "); set DUALCAST_CONV=gemm to use dualcast's implicit GEMM");
 }
 

@@ -31,9 +31,32 @@ struct ConvGeometry {
 /// Whether the library was built with cuDNN, and its version ("9.14.0", or "" without).
 bool cudnn_compiled();
 std::string cudnn_version_string();
-/// How cuDNN algorithms are chosen: "find" or "heuristic" (DUALCAST_CUDNN_ALGO), and whether FFT and
-/// Winograd algorithms may be (DUALCAST_CUDNN_FAST_ALGOS=1).
-const char* cudnn_algo_search_name();
+/// How cuDNN algorithms are chosen: "find" or "heuristic" (DUALCAST_CUDNN_ALGO), and which FFT and
+/// Winograd algorithms may be (DUALCAST_CUDNN_FAST_ALGOS: none by default, all with 1, or a list).
+std::string cudnn_algo_search_name();
+/// Which FFT and Winograd algorithms a value of DUALCAST_CUDNN_FAST_ALGOS allows, per direction
+/// (0 forward, 1 backward data, 2 backward filter). Null, empty or "0": none. "1" or "all": every
+/// one. Else a comma list of kinds (fft, winograd) and directions (forward, backward_data,
+/// backward_filter), each part meaning all of its kind when absent: "winograd" is Winograd in
+/// every direction, "fft,forward" FFT in the forward only. For studies of what the transforms cost
+/// in accuracy and give in time (experiments/resnet/README.md). Throws naming the variable on an
+/// unknown word.
+struct CudnnFastAlgos {
+  bool fft[3] = {};
+  bool winograd[3] = {};
+  std::string text;  ///< the value, "" when nothing is allowed
+  [[nodiscard]] bool none() const {
+    for (int d = 0; d < 3; ++d)
+      if (fft[d] || winograd[d]) return false;
+    return true;
+  }
+  [[nodiscard]] bool all() const {
+    for (int d = 0; d < 3; ++d)
+      if (!fft[d] || !winograd[d]) return false;
+    return true;
+  }
+};
+CudnnFastAlgos parse_cudnn_fast_algos(const char* value);
 /// The algorithms chosen so far, "direction:NAME" (e.g. "forward:IMPLICIT_PRECOMP_GEMM"), one per
 /// convolution shape and direction, in the order chosen.
 std::vector<std::string> cudnn_chosen_algorithms();

@@ -277,6 +277,30 @@ TEST_P(Conv, CudnnChoosesOnlyDirectSumAlgorithmsUnlessAskedFor) {
   EXPECT_NE(conv_backend_name(dev).find("no FFT or Winograd"), std::string::npos) << conv_backend_name(dev);
 }
 
+TEST(ConvRules, FastAlgorithmListAllowsExactlyWhatItNames) {
+  using detail::parse_cudnn_fast_algos;
+  const auto allowed = [](const detail::CudnnFastAlgos& f) {
+    std::string s;
+    for (int d = 0; d < 3; ++d) s += std::string(f.fft[d] ? "F" : "-") + (f.winograd[d] ? "W" : "-") + " ";
+    return s;
+  };
+  EXPECT_TRUE(parse_cudnn_fast_algos(nullptr).none());
+  EXPECT_TRUE(parse_cudnn_fast_algos("").none());
+  EXPECT_TRUE(parse_cudnn_fast_algos("0").none());
+  EXPECT_TRUE(parse_cudnn_fast_algos("1").all());
+  EXPECT_TRUE(parse_cudnn_fast_algos("all").all());
+  EXPECT_EQ(allowed(parse_cudnn_fast_algos("winograd")), "-W -W -W ");
+  EXPECT_EQ(allowed(parse_cudnn_fast_algos("fft")), "F- F- F- ");
+  EXPECT_EQ(allowed(parse_cudnn_fast_algos("forward")), "FW -- -- ");
+  EXPECT_EQ(allowed(parse_cudnn_fast_algos("fft,forward")), "F- -- -- ");
+  EXPECT_EQ(allowed(parse_cudnn_fast_algos("winograd,backward_data,backward_filter")), "-- -W -W ");
+  EXPECT_EQ(allowed(parse_cudnn_fast_algos("fft,winograd,backward_filter")), "-- -- FW ");
+  expect_error([] { (void)parse_cudnn_fast_algos("ftt"); },
+               {"DUALCAST_CUDNN_FAST_ALGOS", "'ftt'", "winograd"}, "a misspelt kind");
+  expect_error([] { (void)parse_cudnn_fast_algos("fft,,forward"); }, {"DUALCAST_CUDNN_FAST_ALGOS", "''"},
+               "an empty word");
+}
+
 TEST_P(Conv, BackendNameSaysWhatRuns) {
   const Device dev = GetParam();
   if (dev.is_cpu()) {
