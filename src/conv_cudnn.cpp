@@ -7,13 +7,17 @@
 // use and kept for the life of the process. Choosing: cudnnFind*AlgorithmEx times every algorithm on
 // the real buffers (default; DUALCAST_CUDNN_ALGO=heuristic uses the v7 heuristics instead, and a
 // search while the stream is being captured into a CUDA graph always does, since Find synchronises).
-// Either way only algorithms that compute the convolution as a direct sum are taken: FFT and Winograd
-// transforms are faster for 3x3 kernels but round more in float32. A ResNet-18 step's float32
-// gradients were 6e-3 off the float64 step with Find's choice (FFT among it), 7e-4 with dualcast's
-// im2col + cuBLAS path, where PyTorch's are 1e-3 off (experiments/resnet/README.md); that the
-// transforms account for the difference is the working hypothesis until the step is validated with
-// this choice. They run only when asked for with DUALCAST_CUDNN_FAST_ALGOS (=1 for all of them, or a
-// list of kinds and directions: fast_algos below). Float32 runs in CUDNN_FMA_MATH: cuDNN's default math would allow TF32 tensor cores, whose 10-bit
+// Either way the forward takes only algorithms that compute the convolution as a direct sum, and
+// the two backward directions may also take FFT and Winograd transforms, which are faster for 3x3
+// kernels but round more in float32. Measured on a ResNet-18 step (H200, experiments/resnet/README.md,
+// "Which convolutions may use transforms"): with transforms in the forward the float32 gradients
+// are 6e-3 to 8e-3 off the float64 step (PyTorch's: 5e-4; the likely reason, from an earlier CPU
+// study: the forward's rounding moves activations across ReLU switches that the gradient follows);
+// with transforms in either backward direction they match PyTorch's error, and each direction
+// alone makes the step 1.23x faster than direct sums everywhere.
+// DUALCAST_CUDNN_FAST_ALGOS changes the rule (0 or none: direct sums everywhere; 1 or all: every
+// algorithm; or a list of kinds and directions: parse_cudnn_fast_algos). Float32 runs in
+// CUDNN_FMA_MATH: cuDNN's default math would allow TF32 tensor cores, whose 10-bit
 // mantissa is not fp32. Workspaces come from dualcast's caching allocator, stream-ordered, so a step
 // allocates nothing new once the cache is warm.
 #include "conv_impl.hpp"
@@ -65,8 +69,12 @@ bool use_find() {
 
 CudnnFastAlgos parse_cudnn_fast_algos(const char* env) {
   CudnnFastAlgos f;
-  if (!env || !*env || std::strcmp(env, "0") == 0) return f;
+  if (!env || !*env) {  // the default: transforms in the two backward directions only
+    f.fft[1] = f.fft[2] = f.winograd[1] = f.winograd[2] = true;
+    return f;
+  }
   f.text = env;
+  if (std::strcmp(env, "0") == 0 || std::strcmp(env, "none") == 0) return f;
   bool kinds[2] = {}, dirs[3] = {}, any_kind = false, any_dir = false;  // none named: all of them
   if (std::strcmp(env, "1") != 0 && std::strcmp(env, "all") != 0) {
     const std::string v = env;
@@ -82,7 +90,7 @@ CudnnFastAlgos parse_cudnn_fast_algos(const char* env) {
       else if (w == "backward_filter") dirs[2] = any_dir = true;
       else
         DUALCAST_FAIL("DUALCAST_CUDNN_FAST_ALGOS='", v, "': unknown word '", w,
-                      "' (expected 0, 1, all, or a comma list of fft, winograd, forward, "
+                      "' (expected 0, none, 1, all, or a comma list of fft, winograd, forward, "
                       "backward_data, backward_filter)");
     }
   }
@@ -105,6 +113,7 @@ std::string fast_algos_phrase() {
   const CudnnFastAlgos& f = fast_algos();
   if (f.none()) return "no FFT or Winograd";
   if (f.all()) return "FFT and Winograd allowed";
+  if (f.text.empty()) return "direct-sum forward, FFT and Winograd allowed in backward";
   return "FFT/Winograd allowed: " + f.text;
 }
 

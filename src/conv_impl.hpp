@@ -32,19 +32,20 @@ struct ConvGeometry {
 bool cudnn_compiled();
 std::string cudnn_version_string();
 /// How cuDNN algorithms are chosen: "find" or "heuristic" (DUALCAST_CUDNN_ALGO), and which FFT and
-/// Winograd algorithms may be (DUALCAST_CUDNN_FAST_ALGOS: none by default, all with 1, or a list).
+/// Winograd algorithms may be (DUALCAST_CUDNN_FAST_ALGOS: parse_cudnn_fast_algos below).
 std::string cudnn_algo_search_name();
 /// Which FFT and Winograd algorithms a value of DUALCAST_CUDNN_FAST_ALGOS allows, per direction
-/// (0 forward, 1 backward data, 2 backward filter). Null, empty or "0": none. "1" or "all": every
-/// one. Else a comma list of kinds (fft, winograd) and directions (forward, backward_data,
-/// backward_filter), each part meaning all of its kind when absent: "winograd" is Winograd in
-/// every direction, "fft,forward" FFT in the forward only. For studies of what the transforms cost
-/// in accuracy and give in time (experiments/resnet/README.md). Throws naming the variable on an
-/// unknown word.
+/// (0 forward, 1 backward data, 2 backward filter). Null or empty: the default, both transforms in
+/// the two backward directions and none in the forward (conv_cudnn.cpp says why). "0" or "none":
+/// none. "1" or "all": every one. Else a comma list of kinds (fft, winograd) and directions
+/// (forward, backward_data, backward_filter), each part meaning all of its kind when absent:
+/// "winograd" is Winograd in every direction, "fft,forward" FFT in the forward only. For studies of
+/// what the transforms cost in accuracy and give in time (experiments/resnet/README.md). Throws
+/// naming the variable on an unknown word.
 struct CudnnFastAlgos {
   bool fft[3] = {};
   bool winograd[3] = {};
-  std::string text;  ///< the value, "" when nothing is allowed
+  std::string text;  ///< the variable's value ("" for the default)
   [[nodiscard]] bool none() const {
     for (int d = 0; d < 3; ++d)
       if (fft[d] || winograd[d]) return false;

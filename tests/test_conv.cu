@@ -241,14 +241,15 @@ TEST_P(Conv, CudnnSearchesEachShapeAndDirectionOnce) {
   EXPECT_NE(conv_backend_name(dev).find("cuDNN"), std::string::npos) << conv_backend_name(dev);
 }
 
-TEST_P(Conv, CudnnChoosesOnlyDirectSumAlgorithmsUnlessAskedFor) {
-  // FFT and Winograd convolutions carry several times the float32 rounding error of a direct sum;
-  // Find picks them at ResNet shapes when allowed (FFT at 32x32 and 16x16 with 64-128 channels on an
-  // H100), so they must be filtered out of its timed results.
+TEST_P(Conv, CudnnForwardTakesOnlyDirectSumAlgorithmsByDefault) {
+  // FFT and Winograd convolutions round more in float32; in the forward that moved a ResNet-18
+  // step's gradients 10x further from float64 than PyTorch's (experiments/resnet/README.md), so
+  // Find's timed results must be filtered there. Find picks them at these shapes when allowed (FFT
+  // at 32x32 and 16x16 with 64-128 channels on an H100 and an H200).
   const Device dev = GetParam();
   if (dev.is_cpu() || !cudnn_available()) GTEST_SKIP() << "needs cuDNN on a CUDA device";
-  if (const char* env = std::getenv("DUALCAST_CUDNN_FAST_ALGOS"); env && std::string(env) == "1")
-    GTEST_SKIP() << "DUALCAST_CUDNN_FAST_ALGOS=1 allows FFT and Winograd";
+  if (const char* env = std::getenv("DUALCAST_CUDNN_FAST_ALGOS"); env && *env)
+    GTEST_SKIP() << "DUALCAST_CUDNN_FAST_ALGOS=" << env << " replaces the default rule";
   set_conv_backend(ConvBackend::cudnn);
   const std::size_t before = detail::cudnn_chosen_algorithms().size();
   const int searches_before = detail::cudnn_algorithm_searches();
@@ -269,12 +270,16 @@ TEST_P(Conv, CudnnChoosesOnlyDirectSumAlgorithmsUnlessAskedFor) {
       << "one choice per search";
   EXPECT_TRUE(added == 6 || added == 0) << added << " choices: two shapes, three directions each";
   ASSERT_GE(chosen.size(), 6U);
+  int forward = 0;
   for (const std::string& c : chosen) {
+    EXPECT_EQ(c.find("UNKNOWN"), std::string::npos) << c;
+    if (c.rfind("forward:", 0) != 0) continue;  // the backward directions may take transforms
+    ++forward;
     EXPECT_EQ(c.find("FFT"), std::string::npos) << c;
     EXPECT_EQ(c.find("WINOGRAD"), std::string::npos) << c;
-    EXPECT_EQ(c.find("UNKNOWN"), std::string::npos) << c;
   }
-  EXPECT_NE(conv_backend_name(dev).find("no FFT or Winograd"), std::string::npos) << conv_backend_name(dev);
+  EXPECT_GE(forward, 2) << "both shapes' forward choices are in the list";
+  EXPECT_NE(conv_backend_name(dev).find("direct-sum forward"), std::string::npos) << conv_backend_name(dev);
 }
 
 TEST(ConvRules, FastAlgorithmListAllowsExactlyWhatItNames) {
@@ -284,9 +289,10 @@ TEST(ConvRules, FastAlgorithmListAllowsExactlyWhatItNames) {
     for (int d = 0; d < 3; ++d) s += std::string(f.fft[d] ? "F" : "-") + (f.winograd[d] ? "W" : "-") + " ";
     return s;
   };
-  EXPECT_TRUE(parse_cudnn_fast_algos(nullptr).none());
-  EXPECT_TRUE(parse_cudnn_fast_algos("").none());
+  EXPECT_EQ(allowed(parse_cudnn_fast_algos(nullptr)), "-- FW FW ") << "the default: backward only";
+  EXPECT_EQ(allowed(parse_cudnn_fast_algos("")), "-- FW FW ");
   EXPECT_TRUE(parse_cudnn_fast_algos("0").none());
+  EXPECT_TRUE(parse_cudnn_fast_algos("none").none());
   EXPECT_TRUE(parse_cudnn_fast_algos("1").all());
   EXPECT_TRUE(parse_cudnn_fast_algos("all").all());
   EXPECT_EQ(allowed(parse_cudnn_fast_algos("winograd")), "-W -W -W ");

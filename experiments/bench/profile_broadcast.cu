@@ -3,15 +3,24 @@
 // kernels and nothing of the set-up, the warm-up or the validation. Driven by scripts/ncu-broadcast.
 //
 //   profile_broadcast --workload a|b|c [--dims N] [--arity K] [--policy recompute|store|reverse]
+//   profile_broadcast --host-timing N [--dims D]
 //
 // Workload a: the paper's cell update (K = 4, row flags); b: the full cell (K = 6, two outputs);
 // c: the arity product over K = 1..10 arguments. Prints the step's time (CUDA events) on stdout.
+//
+// --host-timing N (issue 10, item 2): where the host's time goes in N steps of workload a (mixed,
+// recompute), each phase timed on the host with the GPU idle at its start (the step is synchronised
+// after it, outside the timers): zero_grad, the forward broadcast call, the backward call; and, for
+// scale, an empty kernel launched with an 8-byte and with a 1 KiB argument (a broadcast body is about
+// 1 KiB) and a cudaEventRecord. Medians and 90th percentiles in microseconds.
 #include <cuda_profiler_api.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <initializer_list>
 #include <string>
+#include <vector>
 
 #include "../common/cli.hpp"
 #include "../common/gpu_timing.hpp"
@@ -24,7 +33,73 @@ struct Options {
   std::int64_t dims = 8192;
   int arity = 4;
   std::string policy = "recompute";
+  int host_timing = 0;  ///< > 0: the host-timing mode with this many steps
 };
+
+struct Blob {
+  unsigned char bytes[1024];
+};
+__global__ void empty_kernel_small(int) {}
+__global__ void empty_kernel_blob(Blob) {}
+
+/// "median p90" of the samples, microseconds.
+void print_phase(const char* name, std::vector<double>& us) {
+  std::sort(us.begin(), us.end());
+  const auto at = [&](double q) { return us[static_cast<std::size_t>(q * static_cast<double>(us.size() - 1))]; };
+  std::printf("  %-34s median %7.2f us   p90 %7.2f us\n", name, at(0.5), at(0.9));
+}
+
+void run_host_timing(const Options& o) {
+  using namespace hmexp;
+  const Device dev = Device::cuda(0);
+  const cudaStream_t st = dualcast::detail::stream(dev);
+  CellSet s = make_cell_set(o.dims, 4, 1, FlagLayout::rows, dev, 7);
+  const int n = o.host_timing;
+  std::vector<double> zero(n), fwd(n), bwd(n), whole(n), launch_small(n), launch_blob(n), event(n);
+  for (int i = -3; i < n; ++i) {  // three warm-up steps
+    double t0 = dcexp::now_ms();
+    s.zero_grad();
+    double t1 = dcexp::now_ms();
+    Var out = dualcast::broadcast(Partials::recompute, CellUpdate{}, s.z, s.zb, s.x[0], s.x[1], s.x[2], s.x[3]);
+    double t2 = dcexp::now_ms();
+    out.backward(s.adj[0]);
+    double t3 = dcexp::now_ms();
+    dualcast::synchronize(dev);
+    if (i < 0) continue;
+    const auto k = static_cast<std::size_t>(i);
+    zero[k] = (t1 - t0) * 1e3;
+    fwd[k] = (t2 - t1) * 1e3;
+    bwd[k] = (t3 - t2) * 1e3;
+    whole[k] = (t3 - t0) * 1e3;
+  }
+  const Blob blob{};
+  dcexp::EventPair ev;
+  for (int i = -3; i < n; ++i) {
+    double t0 = dcexp::now_ms();
+    empty_kernel_small<<<1, 32, 0, st>>>(i);
+    double t1 = dcexp::now_ms();
+    empty_kernel_blob<<<1, 32, 0, st>>>(blob);
+    double t2 = dcexp::now_ms();
+    DCEXP_CUDA(cudaEventRecord(ev.start, st));
+    double t3 = dcexp::now_ms();
+    DCEXP_CUDA(cudaStreamSynchronize(st));
+    if (i < 0) continue;
+    const auto k = static_cast<std::size_t>(i);
+    launch_small[k] = (t1 - t0) * 1e3;
+    launch_blob[k] = (t2 - t1) * 1e3;
+    event[k] = (t3 - t2) * 1e3;
+  }
+  DCEXP_CUDA(cudaGetLastError());
+  std::printf("profile_broadcast --host-timing: workload a (mixed, recompute), dims %lld, %d steps, host time per phase:\n",
+              static_cast<long long>(o.dims), n);
+  print_phase("zero_grad (4 gradients freed)", zero);
+  print_phase("forward: broadcast(...)", fwd);
+  print_phase("backward: out.backward(adjoint)", bwd);
+  print_phase("the whole step", whole);
+  print_phase("empty kernel launch, 8 B argument", launch_small);
+  print_phase("empty kernel launch, 1 KiB argument", launch_blob);
+  print_phase("cudaEventRecord", event);
+}
 
 void run(const Options& o) {
   using namespace hmexp;
@@ -70,13 +145,16 @@ int main(int argc, char** argv) {
       else if (opt == "--dims") o.dims = std::stoll(args.value());
       else if (opt == "--arity") o.arity = std::stoi(args.value());
       else if (opt == "--policy") o.policy = one_of(opt, args.value(), {"recompute", "store", "reverse"});
+      else if (opt == "--host-timing") o.host_timing = std::stoi(args.value());
       else throw dcexp::cli::UsageError("unknown option " + opt);
     }
     if (o.dims < 8 || o.dims > (1 << 15) || o.arity < 1 || o.arity > 10)
       throw dcexp::cli::UsageError("--dims must be in 8..32768 and --arity in 1..10");
+    if (o.host_timing < 0 || o.host_timing > 1000000)
+      throw dcexp::cli::UsageError("--host-timing takes a step count in 1..1000000");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "profile_broadcast: %s\nusage: profile_broadcast --workload a|b|c [--dims N] "
-                         "[--arity K] [--policy recompute|store|reverse]\n", e.what());
+                         "[--arity K] [--policy recompute|store|reverse]\n       profile_broadcast --host-timing N [--dims D]\n", e.what());
     return 2;
   }
   if (!dualcast::cuda_available()) {
@@ -84,7 +162,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    run(o);
+    if (o.host_timing > 0) run_host_timing(o);
+    else run(o);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "profile_broadcast: %s\n", e.what());
     return 1;

@@ -180,13 +180,21 @@ int run_bench(const Options& o) {
     json::Value js = json::Value::object();
     js["what"] = "one ResNet-18 training step (forward, cross-entropy, backward, SGD momentum 0.9, weight decay 5e-4), fp32";
     js["framework"] = "dualcast";
-    // The method's name says what differs from the default (fused elementwise, cuDNN, Find, no FFT or
-    // Winograd).
+    // The method's name says what differs from the default (fused elementwise, cuDNN, Find, direct
+    // sums in the forward and FFT or Winograd allowed in the backward).
     std::string method = o.fusion == Fusion::fused ? "eager" : "eager_composed";
     const std::string backend = dualcast::conv_backend_name(device);
-    if (device.is_cuda() && backend.find("im2col") != std::string::npos) method += "_gemm";
-    if (backend.find("heuristic") != std::string::npos) method += "_heuristic";
-    if (backend.find("FFT and Winograd allowed") != std::string::npos) method += "_fft_winograd";
+    const auto has = [&](const char* part) { return backend.find(part) != std::string::npos; };
+    if (device.is_cuda() && has("im2col")) method += "_gemm";
+    if (has("heuristic")) method += "_heuristic";
+    if (has("no FFT or Winograd")) method += "_direct";
+    if (has("FFT and Winograd allowed") && !has("in backward")) method += "_fft_winograd";
+    if (const std::size_t at = backend.find("FFT/Winograd allowed: "); at != std::string::npos) {
+      std::string rule = backend.substr(at + 22);  // "fft,forward)" -> "_fft_forward"
+      rule = rule.substr(0, rule.find(')'));
+      for (char& c : rule) c = c == ',' ? '_' : c;
+      method += "_" + rule;
+    }
     js["method"] = method;
     js["width"] = static_cast<long long>(o.width);
     js["input"] = "[B, 1, 28, 28]";
