@@ -8,8 +8,9 @@
 // the real buffers (default; DUALCAST_CUDNN_ALGO=heuristic uses the v7 heuristics instead, and a
 // search while the stream is being captured into a CUDA graph always does, since Find synchronises).
 // Either way the forward takes only algorithms that compute the convolution as a direct sum, and
-// the two backward directions may also take FFT and Winograd transforms, which are faster for 3x3
-// kernels but round more in float32. Measured on a ResNet-18 step (H200, experiments/resnet/README.md,
+// in float32 the two backward directions may also take FFT and Winograd transforms, which are
+// faster for 3x3 kernels but round more (float64 sums directly everywhere: it is chosen for
+// accuracy). Measured on a ResNet-18 step (H200, experiments/resnet/README.md,
 // "Which convolutions may use transforms"): with transforms in the forward the float32 gradients
 // are 6e-3 to 8e-3 off the float64 step (PyTorch's: 5e-4; the likely reason, from an earlier CPU
 // study: the forward's rounding moves activations across ReLU switches that the gradient follows);
@@ -113,7 +114,7 @@ std::string fast_algos_phrase() {
   const CudnnFastAlgos& f = fast_algos();
   if (f.none()) return "no FFT or Winograd";
   if (f.all()) return "FFT and Winograd allowed";
-  if (f.text.empty()) return "direct-sum forward, FFT and Winograd allowed in backward";
+  if (f.text.empty()) return "direct-sum forward, FFT and Winograd allowed in float32 backward";
   return "FFT/Winograd allowed: " + f.text;
 }
 
@@ -277,7 +278,8 @@ AlgoInfo info(cudnnConvolutionBwdFilterAlgo_t a) {
 }
 
 /// Whether a result of an algorithm search may be used: it ran, fits the workspace limit, is a
-/// direct sum (unless DUALCAST_CUDNN_FAST_ALGOS allows its transform in its direction) and
+/// direct sum unless the rule allows its transform in its direction (the default rule: float32
+/// backward only; DUALCAST_CUDNN_FAST_ALGOS, when set, for both float types) and
 /// (float32) does not use TF32 tensor cores. An algorithm this file does not know is taken only
 /// when every transform is allowed.
 template <class Perf>
@@ -285,6 +287,8 @@ bool usable(const Perf& r, DType dtype, std::size_t limit) {
   if (r.status != CUDNN_STATUS_SUCCESS || r.memory > limit) return false;
   const AlgoInfo a = info(r.algo);
   const CudnnFastAlgos& f = fast_algos();
+  // float64 is chosen for accuracy (gradient checks, references): the default rule sums directly.
+  if (a.transform != Transform::none && dtype == DType::float64 && f.text.empty()) return false;
   if (a.transform == Transform::fft && !f.fft[a.direction]) return false;
   if (a.transform == Transform::winograd && !f.winograd[a.direction]) return false;
   if (a.transform == Transform::unknown && !f.all()) return false;

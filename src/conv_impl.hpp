@@ -36,7 +36,8 @@ std::string cudnn_version_string();
 std::string cudnn_algo_search_name();
 /// Which FFT and Winograd algorithms a value of DUALCAST_CUDNN_FAST_ALGOS allows, per direction
 /// (0 forward, 1 backward data, 2 backward filter). Null or empty: the default, both transforms in
-/// the two backward directions and none in the forward (conv_cudnn.cpp says why). "0" or "none":
+/// the two backward directions and none in the forward, for float32 (float64 sums directly
+/// everywhere by default; conv_cudnn.cpp says why). "0" or "none":
 /// none. "1" or "all": every one. Else a comma list of kinds (fft, winograd) and directions
 /// (forward, backward_data, backward_filter), each part meaning all of its kind when absent:
 /// "winograd" is Winograd in every direction, "fft,forward" FFT in the forward only. For studies of

@@ -10,9 +10,11 @@
 //  * CUDA with cuDNN (found by the build, which says so): cudnnConvolutionForward / BackwardData /
 //    BackwardFilter with one handle per device on dualcast's stream, descriptors and algorithms
 //    cached per shape (cudnnFind*AlgorithmEx on first use, or the v7 heuristics with
-//    DUALCAST_CUDNN_ALGO=heuristic and always while a stream is being captured), only algorithms
-//    that sum directly (FFT and Winograd, several times the float32 error, only with
-//    DUALCAST_CUDNN_FAST_ALGOS=1), workspace from dualcast's caching allocator, float32 in
+//    DUALCAST_CUDNN_ALGO=heuristic and always while a stream is being captured), in the forward
+//    only algorithms that sum directly, in the two float32 backward directions FFT and Winograd
+//    transforms too (in the forward they moved a ResNet-18 step's float32 gradients 10x further from float64
+//    than PyTorch's; in the backward they did not: src/conv_cudnn.cpp; DUALCAST_CUDNN_FAST_ALGOS
+//    changes the rule), workspace from dualcast's caching allocator, float32 in
 //    CUDNN_FMA_MATH (no TF32 rounding: fp32 stays fp32).
 //  * otherwise ("gemm"): im2col of a chunk of the batch into a column matrix, then GEMMs (cuBLAS on
 //    the GPU, the CPU BLAS on the host), per group; the input gradient is gathered back from the
