@@ -188,7 +188,7 @@ int run_bench(const Options& o) {
     if (device.is_cuda() && has("im2col")) method += "_gemm";
     if (has("heuristic")) method += "_heuristic";
     if (has("no FFT or Winograd")) method += "_direct";
-    if (has("FFT and Winograd allowed") && !has("in backward")) method += "_fft_winograd";
+    if (has("FFT and Winograd allowed") && !has("float32 backward")) method += "_fft_winograd";
     if (const std::size_t at = backend.find("FFT/Winograd allowed: "); at != std::string::npos) {
       std::string rule = backend.substr(at + 22);  // "fft,forward)" -> "_fft_forward"
       rule = rule.substr(0, rule.find(')'));
