@@ -68,7 +68,8 @@ def main():
                              "error); failed: %s." % (g64["dualcast"], g64["torch"], v.get("float64_slack", 4),
                                                       ", ".join(v["grads"]["failed"]) or "none"))
     # What each dualcast method ran: the method names say what differs from the default, and the
-    # default changed (Find without FFT and Winograd since 9214848; "algorithms: find" before).
+    # default changed ("algorithms: find" before 9214848; no FFT or Winograd until 34522c2; since then
+    # a direct-sum forward with transforms allowed in the float32 backward).
     backends = sorted({(rec.get("method", "eager"), rec["conv_backend"]) for rec in recs
                        if rec.get("framework") == "dualcast" and rec.get("conv_backend")})
     if backends:
