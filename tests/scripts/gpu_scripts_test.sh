@@ -222,6 +222,12 @@ case_gpu_check_sanitize_writes_the_verification_record() {
     --sanitize --commit 0123abcd4567 --time-limit 120 >"$tmp/stdout" 2>&1 && fail "gpu-check passed despite errors"
   record_fields "$tmp/out/gpu-verified.txt" FAILED
   expect "$tmp/out/gpu-verified.txt" '^sanitize memcheck: FAILED: test_alpha: 2 errors'
+  # The sanitizer options reach scripts/gpu-sanitize (one shard a test: test_resnet under racecheck).
+  OUT=$tmp/out "$root/scripts/gpu-check" --no-build --build-dir "$tmp/build" --sanitize --commit 0123abcd4567 \
+    --sanitize-tools memcheck --sanitize-shard-size 2 --time-limit 120 >"$tmp/stdout" 2>&1 ||
+    { cat "$tmp/stdout"; fail "gpu-check --sanitize-shard-size exited $?"; }
+  expect "$tmp/stdout" '^  test_alpha: 3 tests in 2 shards$'
+  expect "$tmp/out/gpu-verified.txt" '^sanitize memcheck: clean, 2 binaries, 4 tests'
   OUT=$tmp/out "$root/scripts/gpu-check" --commit not-a-sha >"$tmp/stdout" 2>&1
   [ $? -eq 2 ] || fail "a bad --commit is not a usage error"
   expect "$tmp/stdout" "--commit: 'not-a-sha' is not a commit id"
