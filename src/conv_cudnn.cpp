@@ -75,6 +75,7 @@ CudnnFastAlgos parse_cudnn_fast_algos(const char* env) {
     return f;
   }
   f.text = env;
+  f.float64 = true;  // a rule asked for by name applies to both float types
   if (std::strcmp(env, "0") == 0 || std::strcmp(env, "none") == 0) return f;
   bool kinds[2] = {}, dirs[3] = {}, any_kind = false, any_dir = false;  // none named: all of them
   if (std::strcmp(env, "1") != 0 && std::strcmp(env, "all") != 0) {
@@ -288,7 +289,7 @@ bool usable(const Perf& r, DType dtype, std::size_t limit) {
   const AlgoInfo a = info(r.algo);
   const CudnnFastAlgos& f = fast_algos();
   // float64 is chosen for accuracy (gradient checks, references): the default rule sums directly.
-  if (a.transform != Transform::none && dtype == DType::float64 && f.text.empty()) return false;
+  if (a.transform != Transform::none && dtype == DType::float64 && !f.float64) return false;
   if (a.transform == Transform::fft && !f.fft[a.direction]) return false;
   if (a.transform == Transform::winograd && !f.winograd[a.direction]) return false;
   if (a.transform == Transform::unknown && !f.all()) return false;

@@ -46,7 +46,8 @@ std::string cudnn_algo_search_name();
 struct CudnnFastAlgos {
   bool fft[3] = {};
   bool winograd[3] = {};
-  std::string text;  ///< the variable's value ("" for the default)
+  bool float64 = false;  ///< whether the rule applies to float64 too (the default: float32 only)
+  std::string text;      ///< the variable's value ("" for the default)
   [[nodiscard]] bool none() const {
     for (int d = 0; d < 3; ++d)
       if (fft[d] || winograd[d]) return false;

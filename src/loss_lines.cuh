@@ -18,6 +18,7 @@
 
 #include "dualcast/device.hpp"
 #include "dualcast/error.hpp"
+#include "dualcast/kernels/reduce.cuh"  // divmod_fast
 #include "dualcast/parallel.hpp"
 #include "dualcast/shape.hpp"
 #include "line_stats.hpp"

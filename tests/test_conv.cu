@@ -268,7 +268,7 @@ TEST_P(Conv, CudnnForwardTakesOnlyDirectSumAlgorithmsByDefault) {
   const std::size_t added = chosen.size() - before;
   EXPECT_EQ(added, static_cast<std::size_t>(detail::cudnn_algorithm_searches() - searches_before))
       << "one choice per search";
-  EXPECT_TRUE(added == 6 || added == 0) << added << " choices: two shapes, three directions each";
+  EXPECT_TRUE(added <= 6 && added % 3 == 0) << added << " choices: three directions per shape not cached yet";
   ASSERT_GE(chosen.size(), 6U);
   int forward = 0;
   for (const std::string& c : chosen) {

@@ -15,7 +15,6 @@
 // 1 KiB) and a cudaEventRecord. Medians and 90th percentiles in microseconds.
 #include <cuda_profiler_api.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <initializer_list>
@@ -43,10 +42,9 @@ __global__ void empty_kernel_small(int) {}
 __global__ void empty_kernel_blob(Blob) {}
 
 /// "median p90" of the samples, microseconds.
-void print_phase(const char* name, std::vector<double>& us) {
-  std::sort(us.begin(), us.end());
-  const auto at = [&](double q) { return us[static_cast<std::size_t>(q * static_cast<double>(us.size() - 1))]; };
-  std::printf("  %-34s median %7.2f us   p90 %7.2f us\n", name, at(0.5), at(0.9));
+void print_phase(const char* name, const std::vector<double>& us) {
+  const dcexp::Summary s = dcexp::summarize(us);
+  std::printf("  %-34s median %7.2f us   p90 %7.2f us\n", name, s.median, s.p90);
 }
 
 void run_host_timing(const Options& o) {
@@ -134,6 +132,7 @@ int main(int argc, char** argv) {
   Options o;
   try {
     dcexp::cli::ArgWalker args(argc, argv);
+    bool args_seen_host_timing = false;
     auto one_of = [](const std::string& opt, const std::string& v, std::initializer_list<const char*> ok) {
       for (const char* c : ok)
         if (v == c) return v;
@@ -145,12 +144,15 @@ int main(int argc, char** argv) {
       else if (opt == "--dims") o.dims = std::stoll(args.value());
       else if (opt == "--arity") o.arity = std::stoi(args.value());
       else if (opt == "--policy") o.policy = one_of(opt, args.value(), {"recompute", "store", "reverse"});
-      else if (opt == "--host-timing") o.host_timing = std::stoi(args.value());
+      else if (opt == "--host-timing") {
+        o.host_timing = std::stoi(args.value());
+        args_seen_host_timing = true;
+      }
       else throw dcexp::cli::UsageError("unknown option " + opt);
     }
     if (o.dims < 8 || o.dims > (1 << 15) || o.arity < 1 || o.arity > 10)
       throw dcexp::cli::UsageError("--dims must be in 8..32768 and --arity in 1..10");
-    if (o.host_timing < 0 || o.host_timing > 1000000)
+    if (args_seen_host_timing && (o.host_timing < 1 || o.host_timing > 1000000))
       throw dcexp::cli::UsageError("--host-timing takes a step count in 1..1000000");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "profile_broadcast: %s\nusage: profile_broadcast --workload a|b|c [--dims N] "

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "../common/gpu_timing.hpp"
@@ -189,8 +190,9 @@ int run_bench(const Options& o) {
     if (has("heuristic")) method += "_heuristic";
     if (has("no FFT or Winograd")) method += "_direct";
     if (has("FFT and Winograd allowed") && !has("float32 backward")) method += "_fft_winograd";
-    if (const std::size_t at = backend.find("FFT/Winograd allowed: "); at != std::string::npos) {
-      std::string rule = backend.substr(at + 22);  // "fft,forward)" -> "_fft_forward"
+    constexpr std::string_view kListed = "FFT/Winograd allowed: ";  // a DUALCAST_CUDNN_FAST_ALGOS list
+    if (const std::size_t at = backend.find(kListed); at != std::string::npos) {
+      std::string rule = backend.substr(at + kListed.size());  // "fft,forward)" -> "_fft_forward"
       rule = rule.substr(0, rule.find(')'));
       for (char& c : rule) c = c == ',' ? '_' : c;
       method += "_" + rule;
