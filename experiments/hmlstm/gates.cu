@@ -4,6 +4,7 @@
 #include "gates.hpp"
 
 #include <algorithm>
+#include <array>
 #include <utility>
 
 #include "dualcast/error.hpp"
@@ -61,7 +62,9 @@ void pack_adjoints(Device d, T* ds, std::int64_t B, std::int64_t H, const T* a0,
 
 /// From dX [B, K]: d_below = zb * dX[:, 0:H], d_zb = rowsum(dX[:, 0:H] * below), d_h = dX[:, H:2H],
 /// d_above = z * dX[:, 2H:3H], d_z = rowsum(dX[:, 2H:3H] * above). Null outputs are skipped; the
-/// row sums accumulate in double (as dualcast's reductions do for float).
+/// row sums accumulate in double (as dualcast's reductions do for float). Each output starts from
+/// its `old_` gradient when that is not null (it may be the output itself): the kernel accumulates,
+/// so no add kernel runs after it.
 struct GateInputGrads {
   const void* dx;
   const void* below;
@@ -73,7 +76,18 @@ struct GateInputGrads {
   void* d_h;
   void* d_above;
   void* d_z;
+  const void* old_below = nullptr;
+  const void* old_zb = nullptr;
+  const void* old_h = nullptr;
+  const void* old_above = nullptr;
+  const void* old_z = nullptr;
 };
+
+/// old[i] + v, or v where there is no earlier gradient: the same rounding as adding afterwards.
+template <class T>
+DUALCAST_HD inline T plus_old(const void* old, std::int64_t i, T v) {
+  return old ? static_cast<const T*>(old)[i] + v : v;
+}
 
 template <class T>
 void cpu_gate_input_backward(const GateInputGrads& a, std::int64_t B, std::int64_t H, std::int64_t K) {
@@ -87,17 +101,18 @@ void cpu_gate_input_backward(const GateInputGrads& a, std::int64_t B, std::int64
     const T zbv = zb ? zb[b] : T(1);
     double acc_zb = 0.0, acc_z = 0.0;
     for (std::int64_t j = 0; j < H; ++j) {
-      if (a.d_below) static_cast<T*>(a.d_below)[b * H + j] = zbv * row[j];
-      if (a.d_zb) acc_zb += static_cast<double>(row[j]) * static_cast<double>(below[b * H + j]);
-      if (a.d_h) static_cast<T*>(a.d_h)[b * H + j] = row[H + j];
+      const std::int64_t e = b * H + j;
+      if (a.d_below) static_cast<T*>(a.d_below)[e] = plus_old<T>(a.old_below, e, zbv * row[j]);
+      if (a.d_zb) acc_zb += static_cast<double>(row[j]) * static_cast<double>(below[e]);
+      if (a.d_h) static_cast<T*>(a.d_h)[e] = plus_old<T>(a.old_h, e, row[H + j]);
       if (above) {
         const T g = row[2 * H + j];
-        if (a.d_above) static_cast<T*>(a.d_above)[b * H + j] = z[b] * g;
-        if (a.d_z) acc_z += static_cast<double>(g) * static_cast<double>(above[b * H + j]);
+        if (a.d_above) static_cast<T*>(a.d_above)[e] = plus_old<T>(a.old_above, e, z[b] * g);
+        if (a.d_z) acc_z += static_cast<double>(g) * static_cast<double>(above[e]);
       }
     }
-    if (a.d_zb) static_cast<T*>(a.d_zb)[b] = static_cast<T>(acc_zb);
-    if (a.d_z) static_cast<T*>(a.d_z)[b] = static_cast<T>(acc_z);
+    if (a.d_zb) static_cast<T*>(a.d_zb)[b] = plus_old<T>(a.old_zb, b, static_cast<T>(acc_zb));
+    if (a.d_z) static_cast<T*>(a.d_z)[b] = plus_old<T>(a.old_z, b, static_cast<T>(acc_z));
   }
 }
 
@@ -117,14 +132,15 @@ __global__ void __launch_bounds__(kRowThreads)
   const T zv = a.z ? static_cast<const T*>(a.z)[b] : T(0);
   double acc_zb = 0.0, acc_z = 0.0;
   for (std::int64_t j = threadIdx.x; j < H; j += kRowThreads) {
+    const std::int64_t e = b * H + j;
     const T g0 = row[j];
-    if (a.d_below) static_cast<T*>(a.d_below)[b * H + j] = zbv * g0;
-    if (a.d_zb) acc_zb += static_cast<double>(g0) * static_cast<double>(below[b * H + j]);
-    if (a.d_h) static_cast<T*>(a.d_h)[b * H + j] = row[H + j];
+    if (a.d_below) static_cast<T*>(a.d_below)[e] = plus_old<T>(a.old_below, e, zbv * g0);
+    if (a.d_zb) acc_zb += static_cast<double>(g0) * static_cast<double>(below[e]);
+    if (a.d_h) static_cast<T*>(a.d_h)[e] = plus_old<T>(a.old_h, e, row[H + j]);
     if (above) {
       const T g2 = row[2 * H + j];
-      if (a.d_above) static_cast<T*>(a.d_above)[b * H + j] = zv * g2;
-      if (a.d_z) acc_z += static_cast<double>(g2) * static_cast<double>(above[b * H + j]);
+      if (a.d_above) static_cast<T*>(a.d_above)[e] = plus_old<T>(a.old_above, e, zv * g2);
+      if (a.d_z) acc_z += static_cast<double>(g2) * static_cast<double>(above[e]);
     }
   }
   if (!a.d_zb && !a.d_z) return;  // uniform across the block
@@ -145,8 +161,8 @@ __global__ void __launch_bounds__(kRowThreads)
       s0 += part[0][w];
       s1 += part[1][w];
     }
-    if (a.d_zb) static_cast<T*>(a.d_zb)[b] = static_cast<T>(s0);
-    if (a.d_z) static_cast<T*>(a.d_z)[b] = static_cast<T>(s1);
+    if (a.d_zb) static_cast<T*>(a.d_zb)[b] = plus_old<T>(a.old_zb, b, static_cast<T>(s0));
+    if (a.d_z) static_cast<T*>(a.d_z)[b] = plus_old<T>(a.old_z, b, static_cast<T>(s1));
   }
 }
 #endif
@@ -220,26 +236,51 @@ class GateNode final : public Node {
     if (!any) return;
     const Tensor dx = matmul(ds, w_, /*trans_a=*/false, /*trans_b=*/true);  // [B, K]
     const std::int64_t K = dx.shape()[1];
-    auto out = [&](std::size_t k, const Shape& shape) {
-      return inputs[k] ? Tensor::empty(shape, dx.dtype(), d) : Tensor();
+    // The kernel accumulates each input's gradient (the broadcast node's scheme): into the buffer
+    // the input owns, or into a fresh one that starts from a gradient it does not own. Per layer and
+    // step that saves the 3-5 add kernels accumulate_grad would launch (h, for one, has five
+    // readers). An input met twice, or whose gradient is a strided view, gets a fresh buffer and
+    // accumulate_grad afterwards.
+    struct Target {
+      Tensor buf;
+      const void* old = nullptr;
+      bool adopt = false;      // the fresh buffer becomes the input's gradient
+      bool add_after = false;  // accumulate_grad(buf) after the kernel
     };
-    Tensor d_below = out(0, {B, H}), d_zb = out(1, {B, 1}), d_h = out(2, {B, H});
-    Tensor d_z = above_.defined() ? out(3, {B, 1}) : Tensor();
-    Tensor d_above = above_.defined() ? out(4, {B, H}) : Tensor();
-    GateInputGrads a{dx.raw_data(),          below_.raw_data(),       ptr_or_null(zb_),
-                     ptr_or_null(z_),        ptr_or_null(above_),     nullptr,
-                     nullptr,                nullptr,                 nullptr,
-                     nullptr};
-    a.d_below = d_below.defined() ? d_below.raw_data() : nullptr;
-    a.d_zb = d_zb.defined() ? d_zb.raw_data() : nullptr;
-    a.d_h = d_h.defined() ? d_h.raw_data() : nullptr;
-    a.d_above = d_above.defined() ? d_above.raw_data() : nullptr;
-    a.d_z = d_z.defined() ? d_z.raw_data() : nullptr;
+    std::array<Target, 5> tg;
+    const std::array<Shape, 5> shapes = {Shape{B, H}, Shape{B, 1}, Shape{B, H}, Shape{B, 1}, Shape{B, H}};
+    for (std::size_t k = 0; k < 5; ++k) {
+      if (!inputs[k] || (k >= 3 && !above_.defined())) continue;
+      const VarState& st = *inputs[k];
+      bool dup = false;
+      for (std::size_t j = 0; j < k; ++j) dup = dup || inputs[j].get() == &st;
+      const bool usable = !dup && st.grad.defined() && st.grad.is_contiguous();
+      Target& t = tg[k];
+      if (usable && st.grad_owned) {
+        t.buf = st.grad;
+        t.old = st.grad.raw_data();
+        continue;
+      }
+      t.buf = Tensor::empty(shapes[k], dx.dtype(), d);
+      if (usable) t.old = st.grad.raw_data();
+      t.adopt = !dup && (usable || !st.grad.defined());
+      t.add_after = !t.adopt;
+    }
+    auto ptr = [&](std::size_t k) { return tg[k].buf.defined() ? tg[k].buf.raw_data() : nullptr; };
+    GateInputGrads a{dx.raw_data(), below_.raw_data(), ptr_or_null(zb_), ptr_or_null(z_),
+                     ptr_or_null(above_), ptr(0), ptr(1), ptr(2), ptr(4), ptr(3),
+                     tg[0].old, tg[1].old, tg[2].old, tg[4].old, tg[3].old};
     if (dx.dtype() == DType::float32) gate_input_backward<float>(d, a, B, H, K);
     else gate_input_backward<double>(d, a, B, H, K);
-    const Tensor* grads[5] = {&d_below, &d_zb, &d_h, &d_z, &d_above};
-    for (std::size_t k = 0; k < 5; ++k)
-      if (inputs[k] && grads[k]->defined()) detail::accumulate_grad(*inputs[k], *grads[k], /*owned=*/true);
+    for (std::size_t k = 0; k < 5; ++k) {
+      Target& t = tg[k];
+      if (t.adopt) {
+        inputs[k]->grad = t.buf;
+        inputs[k]->grad_owned = true;
+      } else if (t.add_after) {
+        detail::accumulate_grad(*inputs[k], t.buf, /*owned=*/true);
+      }
+    }
   }
   void release_saved() override {
     s_.reset();

@@ -13,8 +13,8 @@
 //      and bout, which no boundary depends on.
 //  (c) corpus loading errors raise dualcast::Error.
 //  (d) training steps reduce the loss.
-//  (e) the stacked gate products equal the per-step ones; the training step captured in a Graph and
-//      replayed equals the eager step (bit for bit), also over a short character-LM run.
+//  (e) the training step captured in a Graph and replayed equals the eager step (bit for bit), also
+//      over a short character-LM run. (The stacked gate products: test_gates.cu.)
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -36,42 +36,14 @@
 #include "dualcast/ops/elementwise.hpp"
 #include "dualcast/ops/reduce.hpp"
 #include "network.hpp"
-#include "../../tests/test_util.hpp"  // DUALCAST_SKIP_IF_UNAVAILABLE, all_devices()
+#include "test_network_util.hpp"
 
 using namespace dualcast;
 using namespace hmlstm;
+using namespace hmlstm::testing;
 
 namespace {
-
-NetworkConfig tiny(Device d, DType dt = DType::float64, CellMode mode = CellMode::mixed) {
-  NetworkConfig c;
-  c.hidden = 8;
-  c.batch = 3;
-  c.seq = 5;
-  c.vocab = 64;
-  c.dtype = dt;
-  c.device = d;
-  c.seed = 3;
-  c.mode = mode;
-  return c;
-}
-
-double rel_err(const Tensor& got, const Tensor& want) {
-  const auto g = got.to_vector<double>(), w = want.to_vector<double>();
-  double num = 0.0, den = 0.0;
-  for (std::size_t j = 0; j < g.size(); ++j) {
-    num = std::max(num, std::fabs(g[j] - w[j]));
-    den = std::max(den, std::fabs(w[j]));
-  }
-  return den == 0.0 ? num : num / den;
-}
-
 class NetworkTest : public ::testing::TestWithParam<Device> {};
-
-std::string device_name_param(const ::testing::TestParamInfo<Device>& info) {
-  return dualcast::testing::device_label(info.param);
-}
-
 }  // namespace
 
 // ---- (a) mixed == reverse ----------------------------------------------------------------------
@@ -499,44 +471,7 @@ TEST(Network, BadTokensAndConfigsAreErrors) {
   EXPECT_THROW((void)parse_cell_mode("forward"), dualcast::Error);
 }
 
-// ---- (e) stacked weight gradients and whole-step capture ------------------------------------------
-
-// The gate products through LayerGates (one fused gate-input kernel per step, the bias as a row of the
-// product, the weight gradient of all T steps as one product) against the per-step form: the same
-// loss and gradients, in both modes (float64: to rounding; float32: to float tolerance).
-TEST_P(NetworkTest, StackedGatesEqualThePerStepProducts) {
-  const Device d = GetParam();
-  DUALCAST_SKIP_IF_UNAVAILABLE(d);
-  for (DType dt : {DType::float64, DType::float32})
-    for (CellMode mode : {CellMode::mixed, CellMode::reverse}) {
-      NetworkConfig a = tiny(d, dt, mode);
-      a.hidden = 16;
-      a.batch = 6;
-      a.seq = 9;
-      NetworkConfig b = a;
-      a.stacked_weight_grad = true;
-      b.stacked_weight_grad = false;
-      const Tensor tokens = random_tokens(a.seq, a.batch, a.vocab, 31);
-      HmlstmNetwork na(a), nb(b);
-      for (const char* bias : {"b1", "b2", "b3"}) {  // non-zero biases: the bias row is exercised
-        Tensor v = na.param(bias).value();
-        v.copy_(Tensor::uniform(v.shape(), d, 82, -0.5, 0.5, dt));
-      }
-      nb.load_params_from(na);
-      Var la = na.loss(tokens), lb = nb.loss(tokens);
-      la.backward();
-      lb.backward();
-      const double tol = dt == DType::float64 ? 1e-11 : 2e-5;
-      const std::string what = std::string(cell_mode_name(mode)) + " " + dtype_name(dt);
-      EXPECT_NEAR(la.item(), lb.item(), tol * std::fabs(lb.item())) << what;
-      EXPECT_EQ(na.boundary_flags(), nb.boundary_flags()) << what;
-      const auto names = na.param_names();
-      for (std::size_t k = 0; k < names.size(); ++k) {
-        ASSERT_TRUE(na.params()[k].has_grad()) << names[k];
-        EXPECT_LE(rel_err(na.params()[k].grad(), nb.params()[k].grad()), tol) << what << " " << names[k];
-      }
-    }
-}
+// ---- (e) whole-step capture ------------------------------------------
 
 // One SGD step recorded in a Graph and replayed equals the eager step: loss, every gradient and every
 // updated parameter (the same kernels in the same order: identical).

@@ -1,0 +1,115 @@
+// test_gates.cu: LayerGates (gates.hpp), the HM-LSTM's gate products with a stacked weight gradient:
+// the same loss and gradients as the per-step products inside the network, and gradients against
+// finite differences when the gate inputs already hold gradients of every kind (owned buffers,
+// views the input does not own, none, one Var passed as several inputs), which the backward kernel
+// accumulates into itself.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "dualcast/gradcheck.hpp"
+#include "dualcast/ops/elementwise.hpp"
+#include "dualcast/ops/reduce.hpp"
+#include "dualcast/ops/shape.hpp"
+#include "gates.hpp"
+#include "test_network_util.hpp"
+
+using namespace dualcast;
+using namespace hmlstm;
+using namespace hmlstm::testing;
+
+namespace {
+
+class GatesTest : public ::testing::TestWithParam<Device> {};
+
+constexpr std::int64_t kB = 3, kH = 5;
+
+/// A scalar of one step's five gates, nonlinear in each so every gradient depends on the values.
+Var gates_loss(const std::vector<Var>& g) {
+  return sum(g[0] * g[1]) + sum(g[2]) + sum(g[3] * g[3]) + sum(g[4] * g[4] * g[4]);
+}
+
+}  // namespace
+
+// The inputs' gradients before the gate node's backward runs (readers recorded after the step run
+// first): below's is a view it does not own (reshape's backward), h's and zb's are buffers they own
+// (broadcast's backward), z's and above's do not exist yet.
+TEST_P(GatesTest, GateInputGradientsAccumulateIntoEveryKindOfEarlierGradient) {
+  const Device d = GetParam();
+  DUALCAST_SKIP_IF_UNAVAILABLE(d);
+  const std::int64_t K = 3 * kH + 4, G = 4 * kH + 1;
+  auto f = [&](const std::vector<Var>& x) {
+    LayerGates gates(x[5], 1, kB, kH, /*has_above=*/true);
+    const std::vector<Var> g = gates.step(0, x[0], x[1], x[2], x[3], x[4]);
+    return gates_loss(g) + sum(reshape(x[0], {kB * kH}) * reshape(x[0], {kB * kH})) + sum(x[2] * x[2] * 0.5) +
+           sum(x[1] * 3.0);
+  };
+  const std::vector<Tensor> in = {
+      Tensor::uniform({kB, kH}, d, 1, -1.0, 1.0, DType::float64),  // below
+      Tensor::uniform({kB, 1}, d, 2, 0.5, 1.5, DType::float64),    // zb
+      Tensor::uniform({kB, kH}, d, 3, -1.0, 1.0, DType::float64),  // h
+      Tensor::uniform({kB, 1}, d, 4, 0.5, 1.5, DType::float64),    // z
+      Tensor::uniform({kB, kH}, d, 5, -1.0, 1.0, DType::float64),  // above
+      Tensor::uniform({K, G}, d, 6, -0.5, 0.5, DType::float64)};   // Wcat
+  const GradCheckResult r = check_gradients(f, in);
+  EXPECT_TRUE(r.ok) << r.message;
+}
+
+// One Var as below, h and above, another as zb and z: the repeated inputs take fresh buffers added
+// after the kernel, the first of each accumulates in place.
+TEST_P(GatesTest, AVarPassedAsSeveralGateInputsGetsEveryContribution) {
+  const Device d = GetParam();
+  DUALCAST_SKIP_IF_UNAVAILABLE(d);
+  const std::int64_t K = 3 * kH + 4, G = 4 * kH + 1;
+  auto f = [&](const std::vector<Var>& x) {
+    LayerGates gates(x[2], 1, kB, kH, /*has_above=*/true);
+    const std::vector<Var> g = gates.step(0, x[0], x[1], x[0], x[1], x[0]);
+    return gates_loss(g) + sum(x[0] * x[0]);
+  };
+  const std::vector<Tensor> in = {Tensor::uniform({kB, kH}, d, 7, -1.0, 1.0, DType::float64),
+                                  Tensor::uniform({kB, 1}, d, 8, 0.5, 1.5, DType::float64),
+                                  Tensor::uniform({K, G}, d, 9, -0.5, 0.5, DType::float64)};
+  const GradCheckResult r = check_gradients(f, in);
+  EXPECT_TRUE(r.ok) << r.message;
+}
+
+// The gate products through LayerGates (one fused gate-input kernel per step, the bias as a row of the
+// product, the weight gradient of all T steps as one product) against the per-step form: the same
+// loss and gradients, in both modes (float64: to rounding; float32: to float tolerance).
+TEST_P(GatesTest, StackedGatesEqualThePerStepProducts) {
+  const Device d = GetParam();
+  DUALCAST_SKIP_IF_UNAVAILABLE(d);
+  for (DType dt : {DType::float64, DType::float32})
+    for (CellMode mode : {CellMode::mixed, CellMode::reverse}) {
+      NetworkConfig a = tiny(d, dt, mode);
+      a.hidden = 16;
+      a.batch = 6;
+      a.seq = 9;
+      NetworkConfig b = a;
+      a.stacked_weight_grad = true;
+      b.stacked_weight_grad = false;
+      const Tensor tokens = random_tokens(a.seq, a.batch, a.vocab, 31);
+      HmlstmNetwork na(a), nb(b);
+      for (const char* bias : {"b1", "b2", "b3"}) {  // non-zero biases: the bias row is exercised
+        Tensor v = na.param(bias).value();
+        v.copy_(Tensor::uniform(v.shape(), d, 82, -0.5, 0.5, dt));
+      }
+      nb.load_params_from(na);
+      Var la = na.loss(tokens), lb = nb.loss(tokens);
+      la.backward();
+      lb.backward();
+      const double tol = dt == DType::float64 ? 1e-11 : 2e-5;
+      const std::string what = std::string(cell_mode_name(mode)) + " " + dtype_name(dt);
+      EXPECT_NEAR(la.item(), lb.item(), tol * std::fabs(lb.item())) << what;
+      EXPECT_EQ(na.boundary_flags(), nb.boundary_flags()) << what;
+      const auto names = na.param_names();
+      for (std::size_t k = 0; k < names.size(); ++k) {
+        ASSERT_TRUE(na.params()[k].has_grad()) << names[k];
+        EXPECT_LE(rel_err(na.params()[k].grad(), nb.params()[k].grad()), tol) << what << " " << names[k];
+      }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, GatesTest, ::testing::ValuesIn(dualcast::testing::all_devices()),
+                         device_name_param);
