@@ -575,6 +575,17 @@ int broadcast_blocks_per_sm() {
 }
 #endif
 
+#if DUALCAST_CPU_TILES
+/// The fast path of a CPU call as SIMD tiles of instruction set I.
+template <class Body, TileIsa I>
+void run_cpu_tiles(Device device, const Body& body, std::int64_t chunks) {
+  using Tiles = CpuTiles<Body, I>;
+  const std::int64_t tiles = (chunks + Tiles::B - 1) / Tiles::B;
+  parallel_for(device, tiles, Tiles{body, static_cast<std::uint32_t>(chunks)},
+               /*cpu_grain=*/kCpuGrain / Tiles::W);
+}
+#endif
+
 /// Runs `body` over the n output elements of its call: the fast path when ops.fast, else the
 /// general one. One resident wave of blocks on the GPU, each thread looping over chunks.
 template <class Body>
@@ -590,10 +601,8 @@ void launch_broadcast(Device device, const Body& body) {
 #if DUALCAST_CPU_TILES
     if constexpr (cpu_tiles_apply<Body>) {
       if (cpu_simd_tiles()) {
-        using Tiles = CpuTiles<Body>;
-        const std::int64_t tiles = (chunks + Tiles::B - 1) / Tiles::B;
-        parallel_for(device, tiles, Tiles{body, static_cast<std::uint32_t>(chunks)},
-                     /*cpu_grain=*/kCpuGrain / Tiles::W);
+        if (cpu_tile_isa() == TileIsa::avx512) run_cpu_tiles<Body, TileIsa::avx512>(device, body, chunks);
+        else run_cpu_tiles<Body, TileIsa::avx2>(device, body, chunks);
         return;
       }
     }

@@ -1,10 +1,19 @@
 // broadcast_cpu.cuh: the CPU runner of a broadcast's fast path in SIMD lanes (issue 10, item 3).
-// CpuTiles hands parallel_for tiles of W consecutive output elements (B chunks of the body's V); a
-// tile gathers its arguments chunk by chunk (the body's own fast-path loads), transposes them so
-// that each argument is a row of W lanes, and evaluates the user's functor in one loop over the
-// lanes that GCC vectorises (AVX2, 8 floats or 4 doubles a vector) with libmvec's vector exp, tanh,
-// ... (include/dualcast/vector_math.hpp). Outputs, partials, adjoints and gradients are contiguous
-// over the tile, so they are read and written as whole rows.
+// CpuTiles hands parallel_for tiles of W consecutive output elements (two vectors' worth); a tile
+// gathers its arguments so that each argument is a row of W lanes, and evaluates the user's functor
+// in one loop over the lanes that GCC vectorises with libmvec's vector exp, tanh, ...
+// (include/dualcast/vector_math.hpp). Outputs, partials, adjoints and gradients are contiguous over
+// the tile, so they are read and written as whole rows. Where a tile lies in one innermost row of
+// the output (every call whose innermost dimension is a multiple of W, and every call without
+// broadcast arguments) each argument is W consecutive values or one value, read with one offset;
+// otherwise the tile gathers chunk by chunk through the body's own fast-path loads.
+//
+// Two instruction sets, chosen at run time: AVX-512 (16 floats or 8 doubles a vector, libmvec's
+// _ZGVeN16v_ variants) where the CPU has it, else AVX2 (8 floats or 4 doubles). Both are compiled
+// without contracting a*b+c into a fused multiply-add (AVX-512 brings FMA with it: fp-contract=off),
+// so a tile rounds every + and * as the scalar chunks do (contracting differently in the plain and
+// dual forms of one functor changed results by ~100 ulp where they cancel); only libmvec's exp,
+// tanh, ... differ (<= 4 ulp).
 //
 // The functor's data-dependent if/else is if-converted: every lane evaluates each branch and keeps
 // the one it takes (GCC never speculates what may fault, such as loads or integer division; those
@@ -13,9 +22,9 @@
 // floating-point exception flags are no longer kept exact). A functor that does not vectorise
 // still runs correctly, element after element, in the same loop.
 //
-// Only the AVX2 code is compiled as tiles (one extra instantiation per body, not two): a CPU
-// without AVX2, a build without DUALCAST_CPU_SIMD, or DUALCAST_CPU_SIMD=0 in the
-// environment runs the scalar chunks (FastChunks), as before. The GPU never sees any of this.
+// A CPU without AVX2, a build without DUALCAST_CPU_SIMD, or DUALCAST_CPU_SIMD=0 in the environment
+// runs the scalar chunks (FastChunks), as before; DUALCAST_CPU_SIMD=avx2 keeps a CPU with AVX-512
+// on AVX2. The GPU never sees any of this.
 #pragma once
 
 #include <cstdint>
@@ -28,10 +37,12 @@
 #if DUALCAST_LIBMVEC
 #define DUALCAST_CPU_TILES 1
 // flatten: the functor and everything it calls are inlined into the lane loop whatever their size
-// (a call in the loop would keep it scalar). AVX2 without FMA: a tile rounds every + and * as the
-// scalar chunks do (contracting a*b+c differently in the plain and dual forms of one functor
-// changed results by ~100 ulp where they cancel); only libmvec's exp, tanh, ... differ (<= 4 ulp).
-#define DUALCAST_TILE_FN __attribute__((target("avx2"), flatten, noinline))
+// (a call in the loop would keep it scalar). AVX2 as GCC means it has no FMA; AVX-512F implies FMA,
+// so contraction is turned off for those functions.
+#define DUALCAST_TILE_AVX2 __attribute__((target("avx2"), flatten, noinline))
+#define DUALCAST_TILE_AVX512                                                                   \
+  __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,prefer-vector-width=512"),          \
+                 optimize("fp-contract=off"), flatten, noinline))
 #else
 #define DUALCAST_CPU_TILES 0
 #endif
@@ -39,6 +50,9 @@
 namespace dualcast::detail {
 
 #if DUALCAST_CPU_TILES
+
+/// The instruction sets of the tiles.
+enum class TileIsa { avx2, avx512 };
 
 /// Whether fast-path calls on the CPU run as SIMD tiles: the CPU has AVX2, and the
 /// environment does not say DUALCAST_CPU_SIMD=0. Tests set it to compare with the scalar chunks.
@@ -51,9 +65,27 @@ inline bool& cpu_simd_tiles() {
   return on;
 }
 
-/// Lanes per tile: two AVX2 vectors of T (a multiple of every chunk width).
-template <class T>
-inline constexpr int cpu_tile_width = 64 / static_cast<int>(sizeof(T));
+/// Whether this CPU can run the AVX-512 tiles (F, DQ, VL and BW, what they are compiled for).
+inline bool cpu_has_avx512_tiles() {
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
+  return has;
+}
+
+/// The tiles' instruction set: AVX-512 where the CPU has it, unless DUALCAST_CPU_SIMD=avx2. Tests set
+/// it (only to an ISA the CPU has) to compare both with the scalar chunks.
+inline TileIsa& cpu_tile_isa() {
+  static TileIsa isa = [] {
+    const char* env = std::getenv("DUALCAST_CPU_SIMD");
+    if (env && std::strcmp(env, "avx2") == 0) return TileIsa::avx2;
+    return cpu_has_avx512_tiles() ? TileIsa::avx512 : TileIsa::avx2;
+  }();
+  return isa;
+}
+
+/// Lanes per tile: two vectors of T.
+template <class T, TileIsa I>
+inline constexpr int cpu_tile_width = (I == TileIsa::avx512 ? 128 : 64) / static_cast<int>(sizeof(T));
 
 /// The arguments of the tile starting at chunk `first`, one row of W lanes per argument.
 template <class Body, int W>
@@ -72,14 +104,39 @@ DUALCAST_UNROLL
   }
 }
 
-/// Forward over one full tile: the outputs and (under STORE) the partials of W elements.
-template <class Body>
-DUALCAST_TILE_FN void forward_tile(const Body& b, std::uint32_t first) {
+/// The arguments of the tile starting at output element `base` when the tile lies in one innermost
+/// row of the output (CpuTiles::in_row): then every argument is W consecutive values or one value
+/// over the whole tile, so one offset per argument suffices and the rows are filled by whole-vector
+/// loads and broadcasts, where gather_tile computes offsets and transposes chunk by chunk.
+template <class Body, int W>
+inline void gather_tile_in_row(const Body& b, std::uint32_t base,
+                               typename Body::scalar (&xs)[Body::NAX][W]) {
   using T = typename Body::scalar;
-  constexpr int W = cpu_tile_width<T>, M = Body::outputs, K = Body::partials, KK = Body::KK;
+  const auto& o = b.ops;
+  std::uint32_t off[Body::NAX];
+  o.cix.offsets(base, off);
+DUALCAST_UNROLL
+  for (int a = 0; a < Body::NA; ++a) {
+    const T* p = o.in[a];
+    if (p && (o.cix.read[a] == ChunkRead::packet || o.cix.read[a] == ChunkRead::strided_packet)) {
+      p += off[a];
+      for (int e = 0; e < W; ++e) xs[a][e] = p[e];
+    } else {
+      const T v = p ? p[off[a]] : o.scal[a];  // a number, a one-element tensor, or a row's value
+      for (int e = 0; e < W; ++e) xs[a][e] = v;
+    }
+  }
+}
+
+/// Forward over one full tile: the outputs and (under STORE) the partials of W elements.
+template <class Body, int W>
+inline void forward_tile(const Body& b, std::uint32_t first, bool in_row) {
+  using T = typename Body::scalar;
+  constexpr int M = Body::outputs, K = Body::partials, KK = Body::KK;
   const std::uint32_t base = first * Body::V;
   T xs[Body::NAX][W];
-  gather_tile<Body, W>(b, first, xs);
+  if (in_row) gather_tile_in_row<Body, W>(b, base, xs);
+  else gather_tile<Body, W>(b, first, xs);
   // A compiler barrier: without it GCC's PRE forwards the gathered values into the first lanes of
   // the loop below and leaves it in a shape the vectoriser refuses (seen with STORE bodies).
   asm volatile("" : : "r"(&xs[0][0]) : "memory");
@@ -116,13 +173,14 @@ DUALCAST_UNROLL
 
 /// Backward (recompute) over one full tile: the gradients of W elements, summed over the outputs
 /// in the order of BackwardBody::finish_chunk (sum over m, then the earlier gradient).
-template <class Body>
-DUALCAST_TILE_FN void backward_tile(const Body& b, std::uint32_t first) {
+template <class Body, int W>
+inline void backward_tile(const Body& b, std::uint32_t first, bool in_row) {
   using T = typename Body::scalar;
-  constexpr int W = cpu_tile_width<T>, M = Body::outputs, K = Body::partials;
+  constexpr int M = Body::outputs, K = Body::partials;
   const std::uint32_t base = first * Body::V;
   T xs[Body::NAX][W];
-  gather_tile<Body, W>(b, first, xs);
+  if (in_row) gather_tile_in_row<Body, W>(b, base, xs);
+  else gather_tile<Body, W>(b, first, xs);
   asm volatile("" : : "r"(&xs[0][0]) : "memory");  // as in forward_tile
   T d[M][K][W];
   for (int e = 0; e < W; ++e) {  // the lanes: vectorised (nothing else in this loop, so it can be)
@@ -162,21 +220,45 @@ DUALCAST_UNROLL
   }
 }
 
+/// One full tile in the instruction set's lanes: the functions GCC compiles for AVX2 and for
+/// AVX-512 (each inlines the tile and the functor whole).
+template <class Body>
+DUALCAST_TILE_AVX2 void run_tile_avx2(const Body& b, std::uint32_t first, bool in_row) {
+  constexpr int W = cpu_tile_width<typename Body::scalar, TileIsa::avx2>;
+  if constexpr (Body::forward) forward_tile<Body, W>(b, first, in_row);
+  else backward_tile<Body, W>(b, first, in_row);
+}
+template <class Body>
+DUALCAST_TILE_AVX512 void run_tile_avx512(const Body& b, std::uint32_t first, bool in_row) {
+  constexpr int W = cpu_tile_width<typename Body::scalar, TileIsa::avx512>;
+  if constexpr (Body::forward) forward_tile<Body, W>(b, first, in_row);
+  else backward_tile<Body, W>(b, first, in_row);
+}
+
 /// parallel_for's body over tiles: full tiles in SIMD lanes, the call's last (partial) tile as
 /// scalar chunks.
-template <class Body>
+template <class Body, TileIsa I>
 struct CpuTiles {
   static constexpr bool device_only = Body::device_only;
-  static constexpr int W = cpu_tile_width<typename Body::scalar>;
+  static constexpr int W = cpu_tile_width<typename Body::scalar, I>;
   static constexpr int B = W / Body::V;  ///< chunks per tile
   Body body;
   std::uint32_t chunks = 0;  ///< chunks of the call
+  /// Every tile lies in one innermost row of the output (no strided argument, or an innermost
+  /// dimension that is a multiple of W): gather_tile_in_row applies.
+  bool in_row = false;
+
+  CpuTiles(const Body& b, std::uint32_t chunks_of_call)
+      : body(b),
+        chunks(chunks_of_call),
+        in_row(!b.ops.cix.any_strided || b.ops.cix.dims[b.ops.cix.rank - 1].divisor % W == 0) {}
+
   void operator()(std::int64_t tile) const {
     const auto first = static_cast<std::uint32_t>(tile) * B;
     const std::uint32_t end = first + B < chunks ? first + B : chunks;
     if (end - first == B && static_cast<std::int64_t>(end) * Body::V <= body.ops.n) {
-      if constexpr (Body::forward) forward_tile(body, first);
-      else backward_tile(body, first);
+      if constexpr (I == TileIsa::avx512) run_tile_avx512(body, first, in_row);
+      else run_tile_avx2(body, first, in_row);
       return;
     }
     for (std::uint32_t c = first; c < end; ++c) body.fast_chunk(c);

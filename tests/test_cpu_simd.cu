@@ -1,9 +1,11 @@
 // test_cpu_simd.cu: the CPU broadcast tiles (kernels/broadcast_cpu.cuh: SIMD lanes, libmvec's vector
-// exp/tanh/...) against the scalar chunks they replace, on the same inputs: every branch of a
-// functor with data-dependent control flow (lanes of one vector taking different branches), every
-// arity 1..10, two outputs, float and double, both partials policies, a call whose last tile is
-// partial, and inf, NaN and huge arguments in every vectorised math function. Compiled as a CPU
-// test; on a build without the tiles it checks nothing and says so.
+// exp/tanh/...) against the scalar chunks they replace, on the same inputs, in each instruction set
+// this CPU has (AVX2, AVX-512): every branch of a functor with data-dependent control flow (lanes of
+// one vector taking different branches), every arity 1..10, two outputs, float and double, both
+// partials policies, a call whose last tile is partial, tiles that gather chunk by chunk and tiles
+// that lie in one innermost row (every broadcast pattern: row and column flags, a row broadcast over
+// columns, a one-element tensor, a number), and inf, NaN and huge arguments in every vectorised
+// math function. Compiled as a CPU test; on a build without the tiles it checks nothing and says so.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -82,31 +84,55 @@ Tensor inputs(const Shape& s, std::uint64_t seed, DType t, bool special) {
   return Tensor::from_vector(s, v, Device::cpu()).to(t);
 }
 
-/// Runs `call` (forward, then backward with a fixed adjoint) with the tiles and with the scalar
-/// chunks and compares outputs and gradients.
+/// The tiles' instruction sets this CPU has.
+std::vector<detail::TileIsa> tile_isas() {
+  std::vector<detail::TileIsa> isas{detail::TileIsa::avx2};
+  if (detail::cpu_has_avx512_tiles()) isas.push_back(detail::TileIsa::avx512);
+  return isas;
+}
+
+const char* isa_name(detail::TileIsa isa) { return isa == detail::TileIsa::avx512 ? "avx512" : "avx2"; }
+
+/// Runs `call` (forward, then backward with a fixed adjoint) with the scalar chunks and with the
+/// tiles of every instruction set this CPU has, and compares outputs and gradients.
 template <class Call>
 void compare_tiles_with_scalar(const std::vector<Tensor>& in, const Call& call, const std::string& what) {
-  std::vector<Tensor> outs[2], grads[2];
-  for (int mode = 0; mode < 2; ++mode) {
-    detail::cpu_simd_tiles() = mode == 0;
+  // Put the process's choice back however this ends (a failed ASSERT or an exception included).
+  struct Restore {
+    bool tiles = detail::cpu_simd_tiles();
+    detail::TileIsa isa = detail::cpu_tile_isa();
+    ~Restore() {
+      detail::cpu_simd_tiles() = tiles;
+      detail::cpu_tile_isa() = isa;
+    }
+  } restore;
+  auto run = [&](bool tiles, std::vector<Tensor>& outs, std::vector<Tensor>& grads) {
+    detail::cpu_simd_tiles() = tiles;
     std::vector<Var> v;
     for (const auto& t : in) v.push_back(Var::param(t));
     std::vector<Var> o = call(v);
     Var total;
     for (std::size_t m = 0; m < o.size(); ++m) {
-      outs[mode].push_back(o[m].value());
+      outs.push_back(o[m].value());
       const Tensor adj = Tensor::randn(o[m].value().shape(), Device::cpu(), 900 + m, o[m].value().dtype());
       const Var term = o[m] * Var::constant(adj);
       total = total.defined() ? total + term : term;
     }
     total.backward(Tensor::ones(total.value().shape(), total.value().dtype(), Device::cpu()));
-    for (auto& x : v) grads[mode].push_back(x.grad());
+    for (auto& x : v) grads.push_back(x.grad());
+  };
+  std::vector<Tensor> scalar_outs, scalar_grads;
+  run(false, scalar_outs, scalar_grads);
+  for (detail::TileIsa isa : tile_isas()) {
+    detail::cpu_tile_isa() = isa;
+    std::vector<Tensor> outs, grads;
+    run(true, outs, grads);
+    const std::string where = what + " (" + isa_name(isa) + ")";
+    for (std::size_t m = 0; m < outs.size(); ++m)
+      expect_same(outs[m], scalar_outs[m], where + " output " + std::to_string(m));
+    for (std::size_t k = 0; k < grads.size(); ++k)
+      expect_same(grads[k], scalar_grads[k], where + " gradient " + std::to_string(k));
   }
-  detail::cpu_simd_tiles() = true;
-  for (std::size_t m = 0; m < outs[0].size(); ++m)
-    expect_same(outs[0][m], outs[1][m], what + " output " + std::to_string(m));
-  for (std::size_t k = 0; k < grads[0].size(); ++k)
-    expect_same(grads[0][k], grads[1][k], what + " gradient " + std::to_string(k));
 }
 
 #endif  // DUALCAST_CPU_TILES
@@ -146,6 +172,37 @@ TEST_P(CpuSimd, VectorisedChunkEqualsScalarChunkForEveryBranch) {
           return std::vector<Var>{broadcast(p, HmlstmUpdate{}, tz, tzb, v[0], v[1], v[2], v[3])};
         }, std::string(partials_name(p)) + (per_column ? " divergent" : " uniform") +
                (special ? " special" : ""));
+      }
+    }
+  }
+}
+
+TEST_P(CpuSimd, TilesInOneRowEqualScalarChunksForEveryBroadcastPattern) {
+  const DType t = GetParam();
+  // 128 columns: a multiple of every tile width (16-32 floats, 8-16 doubles), so every tile lies in
+  // one innermost row and reads each argument with one offset, whatever its pattern; 11 rows make
+  // the call's last tile a full one; 124 columns (a multiple of the chunk width, of no tile width) the chunk-by-chunk
+  // gather's case for the same patterns.
+  for (std::int64_t cols : {128, 124}) {
+    const std::int64_t rows = 11;
+    std::vector<double> z = Tensor::bernoulli({rows, 1}, 0.5, Device::cpu(), 15).to_vector<double>();
+    std::vector<double> zb = Tensor::bernoulli({1, cols}, 0.5, Device::cpu(), 16).to_vector<double>();
+    z[0] = 1; z[1] = 0; z[2] = 0; zb[0] = 0; zb[1] = 1;  // every branch
+    const Tensor tz = Tensor::from_vector({rows, 1}, z, Device::cpu()).to(t);     // row flags
+    const Tensor tzb = Tensor::from_vector({1, cols}, zb, Device::cpu()).to(t);   // column flags
+    for (bool special : {false, true}) {
+      const std::vector<Tensor> in{inputs({1, cols}, 50, t, special),     // c: one row, every row
+                                   inputs({rows, cols}, 51, t, special),  // f: the output's shape
+                                   inputs({1}, 52, t, false),             // i: one element
+                                   inputs({rows, 1}, 53, t, special)};    // g: one value per row
+      const std::string shape = " cols " + std::to_string(cols) + (special ? " special" : "");
+      for (Partials p : {Partials::recompute, Partials::store}) {
+        compare_tiles_with_scalar(in, [&](const std::vector<Var>& v) {
+          return std::vector<Var>{broadcast(p, HmlstmUpdate{}, tz, tzb, v[0], v[1], v[2], v[3])};
+        }, std::string(partials_name(p)) + shape);
+        compare_tiles_with_scalar({in[0], in[1], in[3]}, [&](const std::vector<Var>& v) {
+          return std::vector<Var>{broadcast(p, HmlstmUpdate{}, tz, tzb, v[0], v[1], 0.75, v[2])};
+        }, std::string(partials_name(p)) + " number for i" + shape);
       }
     }
   }
