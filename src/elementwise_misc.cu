@@ -1,4 +1,4 @@
-// elementwise_misc.cu: pow, min, max, hypot, fma, clamp, select; comparisons and logical ops.
+// elementwise_misc.cu: fma, clamp, select; comparisons and logical ops.
 #include "elementwise_ops.hpp"
 
 #include <type_traits>
@@ -8,18 +8,6 @@
 namespace dualcast {
 using namespace detail::ew;
 
-Var pow(const Var& x, const Var& p) { return apply(Pow{}, x, p); }
-Var pow(const Var& x, double p) { return apply(Pow{}, x, p); }
-Var pow(double x, const Var& p) { return apply(Pow{}, x, p); }
-Tensor pow(const Tensor& x, double p) { return apply(Pow{}, Var(x), p).value(); }
-
-Var min(const Var& a, const Var& b) { return apply(Min{}, a, b); }
-Var max(const Var& a, const Var& b) { return apply(Max{}, a, b); }
-Var min(const Var& a, double b) { return apply(Min{}, a, b); }
-Var max(const Var& a, double b) { return apply(Max{}, a, b); }
-Var min(double a, const Var& b) { return apply(Min{}, a, b); }
-Var max(double a, const Var& b) { return apply(Max{}, a, b); }
-Var hypot(const Var& a, const Var& b) { return apply(Hypot{}, a, b); }
 Var fma(const Var& a, const Var& b, const Var& c) { return apply(Fma{}, a, b, c); }
 
 Var clamp(const Var& x, double lo, double hi) {

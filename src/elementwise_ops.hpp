@@ -42,22 +42,6 @@ struct Neg {
   DUALCAST_OP_NAMES("operator-", "a")
   DUALCAST_HD auto operator()(auto a) const { return -a; }
 };
-struct Pow {
-  DUALCAST_OP_NAMES("pow", "x", "p")
-  DUALCAST_HD auto operator()(auto a, auto b) const { return pow(a, b); }
-};
-struct Min {
-  DUALCAST_OP_NAMES("min", "a", "b")
-  DUALCAST_HD auto operator()(auto a, auto b) const { return min(a, b); }
-};
-struct Max {
-  DUALCAST_OP_NAMES("max", "a", "b")
-  DUALCAST_HD auto operator()(auto a, auto b) const { return max(a, b); }
-};
-struct Hypot {
-  DUALCAST_OP_NAMES("hypot", "a", "b")
-  DUALCAST_HD auto operator()(auto a, auto b) const { return hypot(a, b); }
-};
 struct Fma {
   DUALCAST_OP_NAMES("fma", "a", "b", "c")
   DUALCAST_HD auto operator()(auto a, auto b, auto c) const { return fma(a, b, c); }
@@ -72,28 +56,22 @@ struct Select {
   DUALCAST_HD auto operator()(auto mask, auto a, auto b) const { return select(mask != 0, a, b); }
 };
 
-#define DUALCAST_UNARY_FUNCTOR(Name, fn) \
-  struct Name {                          \
-    DUALCAST_OP_NAMES(#fn, "x")          \
+// The functors of the listed functions (ops/elementwise.hpp): op_exp, ..., op_pow, op_hypot.
+#define DUALCAST_UNARY_FUNCTOR(fn)                              \
+  struct op_##fn {                                              \
+    DUALCAST_OP_NAMES(#fn, "x")                                 \
     DUALCAST_HD auto operator()(auto x) const { return fn(x); } \
   };
-DUALCAST_UNARY_FUNCTOR(Exp, exp)
-DUALCAST_UNARY_FUNCTOR(Expm1, expm1)
-DUALCAST_UNARY_FUNCTOR(Log, log)
-DUALCAST_UNARY_FUNCTOR(Log1p, log1p)
-DUALCAST_UNARY_FUNCTOR(Sqrt, sqrt)
-DUALCAST_UNARY_FUNCTOR(Cbrt, cbrt)
-DUALCAST_UNARY_FUNCTOR(Sin, sin)
-DUALCAST_UNARY_FUNCTOR(Cos, cos)
-DUALCAST_UNARY_FUNCTOR(Tan, tan)
-DUALCAST_UNARY_FUNCTOR(Tanh, tanh)
-DUALCAST_UNARY_FUNCTOR(Sigmoid, sigmoid)
-DUALCAST_UNARY_FUNCTOR(Softplus, softplus)
-DUALCAST_UNARY_FUNCTOR(Erf, erf)
-DUALCAST_UNARY_FUNCTOR(Gelu, gelu)
-DUALCAST_UNARY_FUNCTOR(Abs, abs)
-DUALCAST_UNARY_FUNCTOR(Relu, relu)
+DUALCAST_UNARY_FUNCTIONS(DUALCAST_UNARY_FUNCTOR)
 #undef DUALCAST_UNARY_FUNCTOR
+
+#define DUALCAST_BINARY_FUNCTOR(fn, a, b)                                  \
+  struct op_##fn {                                                         \
+    DUALCAST_OP_NAMES(#fn, #a, #b)                                         \
+    DUALCAST_HD auto operator()(auto x, auto y) const { return fn(x, y); } \
+  };
+DUALCAST_BINARY_FUNCTIONS(DUALCAST_BINARY_FUNCTOR)
+#undef DUALCAST_BINARY_FUNCTOR
 
 #undef DUALCAST_OP_NAMES
 

@@ -1,28 +1,24 @@
-// elementwise_unary.cu: the unary functions on Var and Tensor.
+// elementwise_unary.cu: the listed unary and binary functions on Var and Tensor
+// (DUALCAST_UNARY_FUNCTIONS and DUALCAST_BINARY_FUNCTIONS in ops/elementwise.hpp): each is one
+// broadcast of its functor, whose derivative is math.hpp's rule on dual numbers.
 #include "elementwise_ops.hpp"
 
 namespace dualcast {
 using namespace detail::ew;
 
-#define DUALCAST_DEFINE_UNARY(name, F)                           \
-  Var name(const Var& x) { return apply(F{}, x); }               \
-  Tensor name(const Tensor& x) { return apply(F{}, Var(x)).value(); }
-DUALCAST_DEFINE_UNARY(exp, Exp)
-DUALCAST_DEFINE_UNARY(expm1, Expm1)
-DUALCAST_DEFINE_UNARY(log, Log)
-DUALCAST_DEFINE_UNARY(log1p, Log1p)
-DUALCAST_DEFINE_UNARY(sqrt, Sqrt)
-DUALCAST_DEFINE_UNARY(cbrt, Cbrt)
-DUALCAST_DEFINE_UNARY(sin, Sin)
-DUALCAST_DEFINE_UNARY(cos, Cos)
-DUALCAST_DEFINE_UNARY(tan, Tan)
-DUALCAST_DEFINE_UNARY(tanh, Tanh)
-DUALCAST_DEFINE_UNARY(sigmoid, Sigmoid)
-DUALCAST_DEFINE_UNARY(softplus, Softplus)
-DUALCAST_DEFINE_UNARY(erf, Erf)
-DUALCAST_DEFINE_UNARY(gelu, Gelu)
-DUALCAST_DEFINE_UNARY(abs, Abs)
-DUALCAST_DEFINE_UNARY(relu, Relu)
+#define DUALCAST_DEFINE_UNARY(fn)                               \
+  Var fn(const Var& x) { return apply(op_##fn{}, x); }           \
+  Tensor fn(const Tensor& x) { return apply(op_##fn{}, Var(x)).value(); }
+DUALCAST_UNARY_FUNCTIONS(DUALCAST_DEFINE_UNARY)
 #undef DUALCAST_DEFINE_UNARY
+
+#define DUALCAST_DEFINE_BINARY(fn, a, b)                                      \
+  Var fn(const Var& a, const Var& b) { return apply(op_##fn{}, a, b); }       \
+  Var fn(const Var& a, double b) { return apply(op_##fn{}, a, b); }           \
+  Var fn(double a, const Var& b) { return apply(op_##fn{}, a, b); }
+DUALCAST_BINARY_FUNCTIONS(DUALCAST_DEFINE_BINARY)
+#undef DUALCAST_DEFINE_BINARY
+
+Tensor pow(const Tensor& x, double p) { return apply(op_pow{}, Var(x), p).value(); }
 
 }  // namespace dualcast

@@ -2,7 +2,12 @@
 // and derivatives written by hand from <cmath> (no dualcast code): the primitives of the op library
 // (ops/elementwise.hpp) and the functor family of functors.hpp, whose branches and subgradient
 // conventions (ties of max/min split evenly, relu'(0) = abs'(0) = 0, clamp's gradient passing at the
-// bounds, hypot'(0, 0) = 0) are the ones dualcast documents.
+// bounds, hypot'(0, 0) = 0) are the ones dualcast documents. The unary and binary functions are
+// enumerated from the library's lists (DUALCAST_UNARY_FUNCTIONS, DUALCAST_BINARY_FUNCTIONS), so a
+// function added there is fuzzed at once: against its hand-written reference below where there is
+// one, else against its math.hpp rule in double (which tests/test_math.cu checks against central
+// differences), the fuzzer then checking what lies around the rule (indices, broadcasts, views,
+// dtypes, CPU against CUDA).
 #pragma once
 
 #include <cmath>
@@ -10,20 +15,37 @@
 #include <string>
 #include <vector>
 
+#include "dualcast/dual.hpp"
+#include "dualcast/math.hpp"
+#include "dualcast/ops/elementwise.hpp"
 #include "reference.hpp"
 
 namespace fuzzref {
 
 // ---- primitives ----------------------------------------------------------------------------------
 
-enum class Unary { exp, expm1, log, log1p, sqrt, cbrt, sin, cos, tan, tanh, sigmoid, softplus, erf,
-                   abs, relu, neg };
-inline constexpr int kUnaryCount = 16;
-inline const char* unary_name(Unary u) {
-  static const char* names[] = {"exp",  "expm1", "log",     "log1p",    "sqrt", "cbrt",
-                                "sin",  "cos",   "tan",     "tanh",     "sigmoid", "softplus",
-                                "erf",  "abs",   "relu",    "neg"};
-  return names[static_cast<int>(u)];
+#define FUZZREF_ENUMERATOR(fn, ...) fn,
+#define FUZZREF_NAME(fn, ...) #fn,
+enum class Unary { DUALCAST_UNARY_FUNCTIONS(FUZZREF_ENUMERATOR) neg };
+inline constexpr const char* kUnaryNames[] = {DUALCAST_UNARY_FUNCTIONS(FUZZREF_NAME) "neg"};
+inline constexpr int kUnaryCount = static_cast<int>(sizeof kUnaryNames / sizeof *kUnaryNames);
+inline const char* unary_name(Unary u) { return kUnaryNames[static_cast<int>(u)]; }
+
+/// The listed function u's math.hpp rule on Dual<double, 1>: value, and *d = u'(x).
+inline double unary_rule(Unary u, double x, double* d) {
+  using D = dualcast::Dual<double, 1>;
+  switch (u) {
+#define FUZZREF_RULE(fn)                                   \
+  case Unary::fn: {                                        \
+    const D r = dualcast::fn(D::variable(x, 0));           \
+    *d = r.d[0];                                           \
+    return r.val;                                          \
+  }
+    DUALCAST_UNARY_FUNCTIONS(FUZZREF_RULE)
+#undef FUZZREF_RULE
+    case Unary::neg: *d = -1.0; return -x;
+  }
+  return 0.0;
 }
 
 inline double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
@@ -44,11 +66,16 @@ inline double unary(Unary u, double x, double* d) {
     case Unary::sigmoid: { const double s = sigmoid(x); *d = s * (1.0 - s); return s; }
     case Unary::softplus: *d = sigmoid(x); return std::max(x, 0.0) + std::log1p(std::exp(-std::fabs(x)));
     case Unary::erf: *d = 2.0 / std::sqrt(M_PI) * std::exp(-x * x); return std::erf(x);
+    case Unary::gelu: {
+      const double cdf = 0.5 * std::erfc(-x / std::sqrt(2.0));
+      *d = cdf + x * std::exp(-0.5 * x * x) / std::sqrt(2.0 * M_PI);
+      return x * cdf;
+    }
     case Unary::abs: *d = x > 0 ? 1.0 : (x < 0 ? -1.0 : 0.0); return std::fabs(x);
     case Unary::relu: *d = x > 0 ? 1.0 : 0.0; return x > 0 ? x : 0.0;
     case Unary::neg: *d = -1.0; return -x;
+    default: return unary_rule(u, x, d);  // a listed function without a hand-written reference
   }
-  return 0.0;
 }
 
 /// The interval the fuzzer draws arguments of u from (where u and u' are well conditioned).
@@ -63,11 +90,30 @@ inline void unary_domain(Unary u, double& lo, double& hi) {
   }
 }
 
-enum class Binary { add, sub, mul, div, pow, min, max, hypot };
-inline constexpr int kBinaryCount = 8;
-inline const char* binary_name(Binary b) {
-  static const char* names[] = {"add", "sub", "mul", "div", "pow", "min", "max", "hypot"};
-  return names[static_cast<int>(b)];
+enum class Binary { add, sub, mul, div, DUALCAST_BINARY_FUNCTIONS(FUZZREF_ENUMERATOR) };
+inline constexpr const char* kBinaryNames[] = {"add", "sub", "mul", "div",
+                                               DUALCAST_BINARY_FUNCTIONS(FUZZREF_NAME)};
+inline constexpr int kBinaryCount = static_cast<int>(sizeof kBinaryNames / sizeof *kBinaryNames);
+inline const char* binary_name(Binary b) { return kBinaryNames[static_cast<int>(b)]; }
+#undef FUZZREF_ENUMERATOR
+#undef FUZZREF_NAME
+
+/// The listed function b's math.hpp rule on Dual<double, 2>: value, d[0] = db/dx, d[1] = db/dy.
+inline double binary_rule(Binary b, double x, double y, double* d) {
+  using D = dualcast::Dual<double, 2>;
+  switch (b) {
+#define FUZZREF_RULE(fn, ...)                                               \
+  case Binary::fn: {                                                        \
+    const D r = dualcast::fn(D::variable(x, 0), D::variable(y, 1));         \
+    d[0] = r.d[0];                                                          \
+    d[1] = r.d[1];                                                          \
+    return r.val;                                                           \
+  }
+    DUALCAST_BINARY_FUNCTIONS(FUZZREF_RULE)
+#undef FUZZREF_RULE
+    default: break;
+  }
+  return 0.0;
 }
 
 /// Value of b(x, y); d[0] = db/dx, d[1] = db/dy.
@@ -96,8 +142,8 @@ inline double binary(Binary b, double x, double y, double* d) {
       d[1] = h == 0 ? 0.0 : y / h;
       return h;
     }
+    default: return binary_rule(b, x, y, d);  // a listed function without a hand-written reference
   }
-  return 0.0;
 }
 
 // ---- the functor family (mirrors functors.hpp branch for branch) ------------------------------------

@@ -43,40 +43,34 @@ Tensor operator/(double a, const Tensor& b);
 Tensor operator-(const Tensor& a);
 
 // ---- unary functions ----------------------------------------------------------------------------
+/// Every unary function, one X(name) each: the list declares `Var name(const Var&)` and
+/// `Tensor name(const Tensor&)` here, defines them and their functors (src/elementwise_unary.cu),
+/// and drives the device test of tests/test_math.cu and the fuzzer (tests/fuzz), so adding a
+/// function is its value and derivative rule in math.hpp, its name here and one test line
+/// (docs/design.md, "How an elementwise op is added"). gelu is the exact erf form, x Phi(x).
+#define DUALCAST_UNARY_FUNCTIONS(X)                                                             \
+  X(exp) X(expm1) X(log) X(log1p) X(sqrt) X(cbrt) X(sin) X(cos) X(tan) X(tanh) X(sigmoid)      \
+  X(softplus) X(erf) X(gelu) X(abs) X(relu)
+
 #define DUALCAST_DECLARE_UNARY(name) \
   Var name(const Var& x);            \
   Tensor name(const Tensor& x);
-DUALCAST_DECLARE_UNARY(exp)
-DUALCAST_DECLARE_UNARY(expm1)
-DUALCAST_DECLARE_UNARY(log)
-DUALCAST_DECLARE_UNARY(log1p)
-DUALCAST_DECLARE_UNARY(sqrt)
-DUALCAST_DECLARE_UNARY(cbrt)
-DUALCAST_DECLARE_UNARY(sin)
-DUALCAST_DECLARE_UNARY(cos)
-DUALCAST_DECLARE_UNARY(tan)
-DUALCAST_DECLARE_UNARY(tanh)
-DUALCAST_DECLARE_UNARY(sigmoid)
-DUALCAST_DECLARE_UNARY(softplus)
-DUALCAST_DECLARE_UNARY(erf)
-DUALCAST_DECLARE_UNARY(gelu)  // exact erf form: x Phi(x) (math.hpp)
-DUALCAST_DECLARE_UNARY(abs)
-DUALCAST_DECLARE_UNARY(relu)
+DUALCAST_UNARY_FUNCTIONS(DUALCAST_DECLARE_UNARY)
 #undef DUALCAST_DECLARE_UNARY
 
 // ---- binary and ternary functions ----------------------------------------------------------------
-Var pow(const Var& x, const Var& p);
-Var pow(const Var& x, double p);
-Var pow(double x, const Var& p);
+/// Every binary function, one X(name, first argument's name, second's) each, declared for two Vars
+/// and for a Var with a number on either side, and used like DUALCAST_UNARY_FUNCTIONS. min and max
+/// split the gradient evenly on ties (as in PyTorch); pow(x, p) is x^p with p differentiable too.
+#define DUALCAST_BINARY_FUNCTIONS(X) X(pow, x, p) X(min, a, b) X(max, a, b) X(hypot, a, b)
+
+#define DUALCAST_DECLARE_BINARY(name, a, b) \
+  Var name(const Var& a, const Var& b);     \
+  Var name(const Var& a, double b);         \
+  Var name(double a, const Var& b);
+DUALCAST_BINARY_FUNCTIONS(DUALCAST_DECLARE_BINARY)
+#undef DUALCAST_DECLARE_BINARY
 Tensor pow(const Tensor& x, double p);
-/// Elementwise minimum/maximum; ties split the gradient evenly (as in PyTorch).
-Var min(const Var& a, const Var& b);
-Var max(const Var& a, const Var& b);
-Var min(const Var& a, double b);
-Var max(const Var& a, double b);
-Var min(double a, const Var& b);
-Var max(double a, const Var& b);
-Var hypot(const Var& a, const Var& b);
 Var fma(const Var& a, const Var& b, const Var& c);
 /// Clamps to [lo, hi]; the gradient passes where lo <= x <= hi.
 Var clamp(const Var& x, double lo, double hi);
