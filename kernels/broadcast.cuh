@@ -23,6 +23,7 @@
 #include "dualcast/dual.hpp"
 #include "dualcast/indexing.hpp"
 #include "dualcast/parallel.hpp"
+#include "dualcast/kernels/call_args.cuh"
 #include "dualcast/kernels/broadcast_cpu.cuh"
 
 #if defined(__CUDACC__)
@@ -71,24 +72,6 @@ struct ValidOutput<R, std::index_sequence<m...>> {
   static constexpr bool value = (is_output_value_v<decltype(OutputTraits<R>::template get<m>(
                                      std::declval<const R&>()))> && ...);
 };
-
-/// Slot of an argument that is not differentiated: a Tensor, or a plain number (known at compile
-/// time to be one value for the whole call).
-inline constexpr int kTensorSlot = -1;
-inline constexpr int kNumberSlot = -2;
-
-/// Argument a of f: a dual seeded with unit partial `Slot` for a differentiated argument, else T.
-template <class T, int K, bool DUAL, int Slot>
-DUALCAST_HD DUALCAST_INLINE auto make_arg(T v) {
-  if constexpr (DUAL && Slot >= 0) return Dual<T, K>::variable(v, Slot);
-  else return v;
-}
-
-template <class T, int K, bool DUAL, class F, int... Slots, std::size_t... A>
-DUALCAST_HD DUALCAST_INLINE auto invoke_at(const F& f, const T* x, std::integer_sequence<int, Slots...>,
-                                           std::index_sequence<A...>) {
-  return f(make_arg<T, K, DUAL, Slots>(x[A])...);
-}
 
 template <int... Is, class Fn>
 DUALCAST_HD DUALCAST_INLINE void static_for(std::integer_sequence<int, Is...>, Fn&& fn) {
@@ -254,6 +237,49 @@ DUALCAST_UNROLL
   }
 };
 
+// ---- the chunk loops of every body -------------------------------------------------------------
+
+/// General path of a body (ForwardBody, BackwardBody): chunk `chunk` of any call, a full chunk in
+/// vector loads where ops.vec allows, else element by element. LOAD false: the body reads no
+/// argument (x is left unset; a backward reading its stored partials).
+template <bool LOAD, class Body>
+DUALCAST_HD DUALCAST_INLINE void general_chunk(const Body& b, std::int64_t chunk) {
+  constexpr int V = Body::V, NAX = Body::NAX;
+  using T = typename Body::scalar;
+  const std::int64_t base = chunk * V;
+  if (b.ops.vec && base + V <= b.ops.n) {
+    T x[V][NAX];
+    if constexpr (LOAD) b.ops.template load_chunk<V>(base, x);
+    b.finish_chunk(base, x);
+    return;
+  }
+  for (std::int64_t i = base; i < base + V && i < b.ops.n; ++i) {
+    T x[NAX];
+    if constexpr (LOAD) b.ops.load(i, x);
+    b.finish_one(i, x);
+  }
+}
+
+/// Fast path of a body: chunk `chunk` of a call with ops.fast (32-bit indices).
+template <bool LOAD, class Body>
+DUALCAST_HD DUALCAST_INLINE void fast_path_chunk(const Body& b, std::uint32_t chunk) {
+  constexpr int V = Body::V, NAX = Body::NAX;
+  using T = typename Body::scalar;
+  const std::uint32_t base = chunk * V;
+  const auto n = static_cast<std::uint32_t>(b.ops.n);
+  if (base + V <= n) {
+    T x[V][NAX];
+    if constexpr (LOAD) b.load_args(base, x);
+    b.finish_chunk(base, x);
+    return;
+  }
+  for (std::uint32_t i = base; i < n; ++i) {
+    T x[NAX];
+    if constexpr (LOAD) b.ops.load_fast_one(i, x);
+    b.finish_one(i, x);
+  }
+}
+
 // ---- forward -----------------------------------------------------------------------------------
 
 /// Forward: out[m][i] = value(f(args at i))[m]; under STORE also part[m][k][i] = partial k.
@@ -339,20 +365,7 @@ DUALCAST_UNROLL
   }
 
   /// General path: chunk `chunk` of any call.
-  DUALCAST_HD void operator()(std::int64_t chunk) const {
-    const std::int64_t base = chunk * V;
-    if (ops.vec && base + V <= ops.n) {
-      T x[V][NAX];
-      ops.template load_chunk<V>(base, x);
-      finish_chunk(base, x);
-      return;
-    }
-    for (std::int64_t i = base; i < base + V && i < ops.n; ++i) {
-      T x[NAX];
-      ops.load(i, x);
-      finish_one(i, x);
-    }
-  }
+  DUALCAST_HD void operator()(std::int64_t chunk) const { general_chunk<true>(*this, chunk); }
 
   /// The arguments of the full chunk at base on the fast path (the CPU tiles gather through it).
   DUALCAST_HD DUALCAST_INLINE void load_args(std::uint32_t base, T (&x)[V][NAX]) const {
@@ -361,19 +374,7 @@ DUALCAST_UNROLL
 
   /// Fast path: chunk `chunk` of a call with ops.fast.
   DUALCAST_HD DUALCAST_INLINE void fast_chunk(std::uint32_t chunk) const {
-    const std::uint32_t base = chunk * V;
-    const auto n = static_cast<std::uint32_t>(ops.n);
-    if (base + V <= n) {
-      T x[V][NAX];
-      ops.template load_fast<V, Slots...>(base, x);
-      finish_chunk(base, x);
-      return;
-    }
-    for (std::uint32_t i = base; i < n; ++i) {
-      T x[NAX];
-      ops.load_fast_one(i, x);
-      finish_one(i, x);
-    }
+    fast_path_chunk<true>(*this, chunk);
   }
 };
 
@@ -499,21 +500,8 @@ DUALCAST_UNROLL
     }
   }
 
-  /// General path: chunk `chunk` of any call.
-  DUALCAST_HD void operator()(std::int64_t chunk) const {
-    const std::int64_t base = chunk * V;
-    if (ops.vec && base + V <= ops.n) {
-      T x[V][NAX];
-      if constexpr (!STORE) ops.template load_chunk<V>(base, x);
-      finish_chunk(base, x);
-      return;
-    }
-    for (std::int64_t i = base; i < base + V && i < ops.n; ++i) {
-      T x[NAX];
-      if constexpr (!STORE) ops.load(i, x);
-      finish_one(i, x);
-    }
-  }
+  /// General path: chunk `chunk` of any call. (STORE reads no argument.)
+  DUALCAST_HD void operator()(std::int64_t chunk) const { general_chunk<!STORE>(*this, chunk); }
 
   /// The arguments of the full chunk at base on the fast path (the CPU tiles gather through it).
   DUALCAST_HD DUALCAST_INLINE void load_args(std::uint32_t base, T (&x)[V][NAX]) const {
@@ -522,19 +510,7 @@ DUALCAST_UNROLL
 
   /// Fast path: chunk `chunk` of a call with ops.fast.
   DUALCAST_HD DUALCAST_INLINE void fast_chunk(std::uint32_t chunk) const {
-    const std::uint32_t base = chunk * V;
-    const auto n = static_cast<std::uint32_t>(ops.n);
-    if (base + V <= n) {
-      T x[V][NAX];
-      if constexpr (!STORE) ops.template load_fast<V, Slots...>(base, x);
-      finish_chunk(base, x);
-      return;
-    }
-    for (std::uint32_t i = base; i < n; ++i) {
-      T x[NAX];
-      if constexpr (!STORE) ops.load_fast_one(i, x);
-      finish_one(i, x);
-    }
+    fast_path_chunk<!STORE>(*this, chunk);
   }
 };
 

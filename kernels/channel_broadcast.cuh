@@ -19,6 +19,7 @@
 #include "dualcast/config.hpp"
 #include "dualcast/dual.hpp"
 #include "dualcast/parallel.hpp"
+#include "dualcast/kernels/call_args.cuh"
 
 #if defined(__CUDACC__)
 #include <cuda_runtime.h>
@@ -89,19 +90,6 @@ struct ChannelOperands {
   }
 };
 
-/// Argument a of f: a dual seeded with unit partial `Slot` for a differentiated argument, else T.
-template <class T, int K, bool DUAL, int Slot>
-DUALCAST_HD DUALCAST_INLINE auto cb_arg(T v) {
-  if constexpr (DUAL && Slot >= 0) return Dual<T, K>::variable(v, Slot);
-  else return v;
-}
-
-template <class T, int K, bool DUAL, class F, int... Slots, std::size_t... A>
-DUALCAST_HD DUALCAST_INLINE auto cb_invoke(const F& f, const T* x, std::integer_sequence<int, Slots...>,
-                                           std::index_sequence<A...>) {
-  return f(cb_arg<T, K, DUAL, Slots>(x[A])...);
-}
-
 // ---- forward ---------------------------------------------------------------------------------------
 
 /// out[i] = value(f(args at i)); DUAL=false evaluates f on plain numbers.
@@ -118,7 +106,7 @@ struct ChannelForwardBody<T, K, DUAL, F, std::integer_sequence<int, Slots...>> {
   T* out = nullptr;
 
   [[nodiscard]] DUALCAST_HD DUALCAST_INLINE T eval(const T* x) const {
-    return static_cast<T>(value(cb_invoke<T, (K > 0 ? K : 1), DUAL>(
+    return static_cast<T>(value(invoke_at<T, (K > 0 ? K : 1), DUAL>(
         f, x, std::integer_sequence<int, Slots...>{}, std::make_index_sequence<NA>{})));
   }
 
@@ -180,7 +168,7 @@ struct ChannelBackwardBody<T, K, F, std::integer_sequence<int, Slots...>> {
 
   /// Per-element gradients g[k] of the element with arguments x and adjoint a.
   DUALCAST_HD DUALCAST_INLINE void grads(const T* x, T a, T* g) const {
-    const auto r = cb_invoke<T, K, true>(f, x, std::integer_sequence<int, Slots...>{},
+    const auto r = invoke_at<T, K, true>(f, x, std::integer_sequence<int, Slots...>{},
                                          std::make_index_sequence<NA>{});
     DUALCAST_UNROLL
     for (int k = 0; k < K; ++k) g[k] = a * static_cast<T>(dualcast::partial(r, k));

@@ -427,6 +427,37 @@ __device__ DUALCAST_INLINE Acc reduce_thread(const ReducePlan& p, const Load& lo
   return op(op(a[0], a[1]), op(a[2], a[3]));
 }
 
+/// A thread's place in a block cut into groups of N threads: (index in its group, group).
+template <int N>
+__device__ DUALCAST_INLINE void place_in_group(int& in_group, int& group) {
+  in_group = static_cast<int>(threadIdx.x) % N;
+  group = static_cast<int>(threadIdx.x) / N;
+}
+
+/// What a block of the kernels below sweeps: split s = blockIdx.y, whose reduced elements are
+/// [j0, j1), and the outputs first, first + stride, ... (PerBlock of them per block, blocks strided).
+struct ReduceSweep {
+  std::int64_t s, j0, j1, first, stride;
+};
+
+template <int PerBlock>
+__device__ DUALCAST_INLINE ReduceSweep block_sweep(const ReducePlan& p, std::int64_t splits,
+                                                   int offset) {
+  const std::int64_t s = blockIdx.y;
+  return {s, p.n_red * s / splits, p.n_red * (s + 1) / splits,
+          static_cast<std::int64_t>(blockIdx.x) * PerBlock + offset,
+          static_cast<std::int64_t>(gridDim.x) * PerBlock};
+}
+
+/// The result of output o in split w.s: to the partial buffer of a split reduction, else stored.
+template <class Acc, class Store>
+__device__ DUALCAST_INLINE void put_result(const ReducePlan& p, const ReduceSweep& w,
+                                           const Store& store, Acc* partial, std::int64_t o,
+                                           Acc a) {
+  if (partial) partial[w.s * p.n_out + o] = a;
+  else store(o, a);
+}
+
 /// Rows: a group of G threads (G = 32: one warp per row; G = kReduceBlock: one block per row) per
 /// (output, split); lanes stride over the reduced elements. blockIdx.y is the split; groups stride
 /// over outputs.
@@ -434,17 +465,13 @@ template <int G, class Acc, class Load, class Op, class Store>
 __global__ void __launch_bounds__(kReduceBlock)
     reduce_rows_kernel(ReducePlan p, Load load, Op op, Store store, Acc* partial,
                        std::int64_t splits) {
-  constexpr int kGroupsPerBlock = kReduceBlock / G;
-  const int lane = static_cast<int>(threadIdx.x) % G;
-  const int group = static_cast<int>(threadIdx.x) / G;
-  const std::int64_t s = blockIdx.y;
-  const std::int64_t j0 = p.n_red * s / splits, j1 = p.n_red * (s + 1) / splits;
-  const std::int64_t group_stride = static_cast<std::int64_t>(gridDim.x) * kGroupsPerBlock;
+  int lane, group;
+  place_in_group<G>(lane, group);
+  const ReduceSweep w = block_sweep<kReduceBlock / G>(p, splits, group);
   __shared__ Acc warp_acc[kReduceBlock / 32];
   // For G = block the loop bound is uniform over the block, so the barriers below are too.
-  for (std::int64_t o = static_cast<std::int64_t>(blockIdx.x) * kGroupsPerBlock + group;
-       o < p.n_out; o += group_stride) {
-    Acc a = warp_reduce(reduce_thread<G, 8, Acc>(p, load, op, o, j0 + lane, j1), op);
+  for (std::int64_t o = w.first; o < p.n_out; o += w.stride) {
+    Acc a = warp_reduce(reduce_thread<G, 8, Acc>(p, load, op, o, w.j0 + lane, w.j1), op);
     if constexpr (G > 32) {
       const int warp = static_cast<int>(threadIdx.x) / 32;
       if (threadIdx.x % 32 == 0) warp_acc[warp] = a;
@@ -455,10 +482,7 @@ __global__ void __launch_bounds__(kReduceBlock)
       }
       __syncthreads();
     }
-    if (lane == 0) {
-      if (partial) partial[s * p.n_out + o] = a;
-      else store(o, a);
-    }
+    if (lane == 0) put_result(p, w, store, partial, o, a);
   }
 }
 
@@ -470,18 +494,15 @@ __global__ void __launch_bounds__(kReduceBlock)
     reduce_cols_kernel(ReducePlan p, Load load, Op op, Store store, Acc* partial,
                        std::int64_t splits) {
   constexpr int kCols = kReduceBlock / R;
-  const int tx = static_cast<int>(threadIdx.x) % kCols;
-  const int ty = static_cast<int>(threadIdx.x) / kCols;
-  const std::int64_t s = blockIdx.y;
-  const std::int64_t j0 = p.n_red * s / splits, j1 = p.n_red * (s + 1) / splits;
-  const std::int64_t o_stride = static_cast<std::int64_t>(gridDim.x) * kCols;
+  int tx, ty;
+  place_in_group<kCols>(tx, ty);
+  const ReduceSweep w = block_sweep<kCols>(p, splits, 0);
   __shared__ Acc sh[R > 1 ? R : 1][kCols + 1];
   // The loop bound is uniform over the block (o0), so the barriers are too.
-  for (std::int64_t o0 = static_cast<std::int64_t>(blockIdx.x) * kCols; o0 < p.n_out;
-       o0 += o_stride) {
+  for (std::int64_t o0 = w.first; o0 < p.n_out; o0 += w.stride) {
     const std::int64_t o = o0 + tx;
     // (a thread past the last output only takes part in the barriers; its value is never used)
-    Acc a = o < p.n_out ? reduce_thread<R, 4, Acc>(p, load, op, o, j0 + ty, j1) : op.identity();
+    Acc a = o < p.n_out ? reduce_thread<R, 4, Acc>(p, load, op, o, w.j0 + ty, w.j1) : op.identity();
     if constexpr (R > 1) {
       sh[ty][tx] = a;
       __syncthreads();
@@ -491,10 +512,7 @@ __global__ void __launch_bounds__(kReduceBlock)
       }
       __syncthreads();
     }
-    if (ty == 0 && o < p.n_out) {
-      if (partial) partial[s * p.n_out + o] = a;
-      else store(o, a);
-    }
+    if (ty == 0 && o < p.n_out) put_result(p, w, store, partial, o, a);
   }
 }
 

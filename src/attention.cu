@@ -26,6 +26,8 @@
 #include "dualcast/ops/reduce.hpp"
 #include "dualcast/ops/shape.hpp"
 #include "dualcast/parallel.hpp"
+#include "line_stats.hpp"
+#include "row_groups.cuh"
 
 namespace dualcast {
 namespace attention_detail {
@@ -33,13 +35,8 @@ namespace {
 
 // ---- masked softmax: row bodies ---------------------------------------------------------------
 
-DUALCAST_HD DUALCAST_INLINE float aexp(float v) { return ::expf(v); }
-DUALCAST_HD DUALCAST_INLINE double aexp(double v) { return ::exp(v); }
-
-template <class T>
-DUALCAST_HD DUALCAST_INLINE T ninf() {
-  return -std::numeric_limits<T>::infinity();
-}
+using detail::lexp;
+using detail::neg_inf;
 
 template <class T>
 struct SoftmaxArgs {
@@ -57,10 +54,10 @@ struct SoftmaxArgs {
 template <class T>
 DUALCAST_HD DUALCAST_INLINE T masked_score(const SoftmaxArgs<T>& a, std::int64_t moff, std::int64_t i,
                                            std::int64_t j, T raw) {
-  if (a.causal && j > i) return ninf<T>();
+  if (a.causal && j > i) return neg_inf<T>();
   const std::int64_t at = moff + j * a.mask.sj;
   if (a.mask.kind == MaskKind::boolean) {
-    if (static_cast<const std::uint8_t*>(a.mask.data)[at] == 0) return ninf<T>();
+    if (static_cast<const std::uint8_t*>(a.mask.data)[at] == 0) return neg_inf<T>();
   } else if (a.mask.kind == MaskKind::additive) {
     return raw * a.scale + static_cast<const T*>(a.mask.data)[at];
   }
@@ -81,10 +78,10 @@ DUALCAST_HD DUALCAST_INLINE void row_coords(const SoftmaxArgs<T>& a, std::int64_
 template <class T>
 DUALCAST_HD DUALCAST_INLINE void online_add(T& m, T& s, T v) {
   if (v > m) {
-    s = s * aexp(m - v) + T(1);  // m = -inf at first: exp(-inf) = 0
+    s = s * lexp(m - v) + T(1);  // m = -inf at first: exp(-inf) = 0
     m = v;
-  } else if (!(v == m && m == ninf<T>())) {
-    s += aexp(v - m);  // NaN propagates
+  } else if (!(v == m && m == neg_inf<T>())) {
+    s += lexp(v - m);  // NaN propagates
   }
 }
 
@@ -95,15 +92,15 @@ DUALCAST_HD DUALCAST_INLINE void softmax_row(const SoftmaxArgs<T>& a, std::int64
   row_coords(a, r, i, moff);
   const T* s = a.s + r * a.Sk;
   T* p = a.p + r * a.Sk;
-  T m = ninf<T>(), sum = T(0);
+  T m = neg_inf<T>(), sum = T(0);
   for (std::int64_t j = lane; j < a.Sk; j += G) online_add(m, sum, masked_score(a, moff, i, j, s[j]));
   reduce.max_sum(m, sum);
-  if (m == ninf<T>()) {  // every key masked: a zero row, not 0/0
+  if (m == neg_inf<T>()) {  // every key masked: a zero row, not 0/0
     for (std::int64_t j = lane; j < a.Sk; j += G) p[j] = T(0);
     return;
   }
   const T inv = T(1) / sum;
-  for (std::int64_t j = lane; j < a.Sk; j += G) p[j] = aexp(masked_score(a, moff, i, j, s[j]) - m) * inv;
+  for (std::int64_t j = lane; j < a.Sk; j += G) p[j] = lexp(masked_score(a, moff, i, j, s[j]) - m) * inv;
 }
 
 template <class T, class Reduce>
@@ -136,42 +133,28 @@ struct WarpReduce {
       const T m2 = __shfl_xor_sync(0xffffffffu, m, d);
       const T s2 = __shfl_xor_sync(0xffffffffu, s, d);
       const T mm = m > m2 ? m : m2;
-      const T a = m == ninf<T>() ? T(0) : s * aexp(m - mm);
-      const T b = m2 == ninf<T>() ? T(0) : s2 * aexp(m2 - mm);
+      const T a = m == neg_inf<T>() ? T(0) : s * lexp(m - mm);
+      const T b = m2 == neg_inf<T>() ? T(0) : s2 * lexp(m2 - mm);
       m = (m != m || m2 != m2) ? (m != m ? m : m2) : mm;
       s = a + b;
     }
   }
   template <class T>
   __device__ DUALCAST_INLINE T sum(T v) const {
-#pragma unroll
-    for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(0xffffffffu, v, d);
-    return v;
+    return detail::WarpSum{}(v);
   }
 };
 
 template <class T>
 __global__ void __launch_bounds__(kRowBlock) masked_softmax_kernel(SoftmaxArgs<T> a) {
-  const int lane = static_cast<int>(threadIdx.x) % 32;
-  const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * (kRowBlock / 32);
-  for (std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * (kRowBlock / 32) + threadIdx.x / 32;
-       r < a.rows; r += step)
-    softmax_row(a, r, lane, 32, WarpReduce{});
+  detail::for_each_group_row<32, kRowBlock>(
+      a.rows, [&](std::int64_t r, int lane) { softmax_row(a, r, lane, 32, WarpReduce{}); });
 }
 
 template <class T>
 __global__ void __launch_bounds__(kRowBlock) masked_softmax_backward_kernel(SoftmaxArgs<T> a) {
-  const int lane = static_cast<int>(threadIdx.x) % 32;
-  const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * (kRowBlock / 32);
-  for (std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * (kRowBlock / 32) + threadIdx.x / 32;
-       r < a.rows; r += step)
-    softmax_backward_row(a, r, lane, 32, WarpReduce{});
-}
-
-unsigned row_blocks(Device dev, std::int64_t rows) {
-  const std::int64_t need = (rows + kRowBlock / 32 - 1) / (kRowBlock / 32);
-  const std::int64_t cap = static_cast<std::int64_t>(multiprocessor_count(dev)) * 16;
-  return static_cast<unsigned>(std::max<std::int64_t>(1, std::min(need, cap)));
+  detail::for_each_group_row<32, kRowBlock>(
+      a.rows, [&](std::int64_t r, int lane) { softmax_backward_row(a, r, lane, 32, WarpReduce{}); });
 }
 #endif
 
@@ -179,21 +162,17 @@ template <class T>
 void run_softmax(Device dev, const SoftmaxArgs<T>& a, bool backward) {
   if (a.rows == 0) return;
   if (dev.is_cpu()) {
-    detail::cpu_for(a.rows, std::max<std::int64_t>(1, kCpuGrain / std::max<std::int64_t>(1, a.Sk)),
-                    [&](std::int64_t b, std::int64_t e) {
-                      for (std::int64_t r = b; r < e; ++r) {
-                        if (backward) softmax_backward_row(a, r, 0, 1, NoReduce{});
-                        else softmax_row(a, r, 0, 1, NoReduce{});
-                      }
-                    });
+    detail::cpu_rows(a.rows, a.Sk, [&](std::int64_t r) {
+      if (backward) softmax_backward_row(a, r, 0, 1, NoReduce{});
+      else softmax_row(a, r, 0, 1, NoReduce{});
+    });
     return;
   }
 #if defined(__CUDACC__)
   detail::DeviceGuard guard(dev);
-  if (backward)
-    masked_softmax_backward_kernel<T><<<row_blocks(dev, a.rows), kRowBlock, 0, detail::stream(dev)>>>(a);
-  else
-    masked_softmax_kernel<T><<<row_blocks(dev, a.rows), kRowBlock, 0, detail::stream(dev)>>>(a);
+  const unsigned blocks = detail::warp_row_blocks<kRowBlock>(dev, a.rows);
+  if (backward) masked_softmax_backward_kernel<T><<<blocks, kRowBlock, 0, detail::stream(dev)>>>(a);
+  else masked_softmax_kernel<T><<<blocks, kRowBlock, 0, detail::stream(dev)>>>(a);
   DUALCAST_CUDA_CHECK_LAUNCH();
 #else
   DUALCAST_FAIL("scaled_dot_product_attention on ", dev.str(),

@@ -45,6 +45,7 @@
 
 #include "attention_kernels.cuh"
 #include "dualcast/stream.hpp"
+#include "per_device.hpp"
 #endif
 
 namespace dualcast::attention_detail {
@@ -83,30 +84,23 @@ struct Config {
   static constexpr int TK = kFloat ? (D_PAD <= 64 ? 4 : 2) : (D_PAD <= 64 ? 2 : 1);
 };
 
-/// Raises a kernel's dynamic shared-memory limit once per device (needed above 48 KB).
-template <class Kernel>
-void allow_smem(Device dev, Kernel kernel, int bytes, std::once_flag (&flags)[64]) {
-  DUALCAST_CHECK(dev.index >= 0 && dev.index < 64, "scaled_dot_product_attention: device index ",
-                 dev.index, " out of range");
-  std::call_once(flags[dev.index], [&] {
+/// Raises kernel's dynamic shared-memory limit once per device (needed above 48 KB).
+template <auto kernel>
+void allow_smem(Device dev, int bytes) {
+  static detail::PerDevice<bool> raised;
+  raised.get(dev, "scaled_dot_product_attention", [&] {
     DUALCAST_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    return true;
   });
 }
 
-template <class T, int D_PAD, int TM>
-void launch_forward(const Dims& d, const MaskView& mask, const Tensor& q, const Tensor& k, const Tensor& v,
-                    Tensor& o, Tensor& lse) {
-  constexpr int BR = kWarps * 4 * TM;
-  constexpr int smem = fwd_smem_bytes<T, D_PAD, TM>();
-  static std::once_flag flags[64];
-  const Device dev = q.device();
-  auto kernel = attention_forward_kernel<T, D_PAD, TM>;
-  allow_smem(dev, kernel, smem, flags);
-  FwdParams<T> p{};
+/// The fields FwdParams and BwdParams share: inputs, sizes, mask and the log2-domain constants.
+template <class T, template <class> class Params>
+void set_common(Params<T>& p, const Dims& d, const MaskView& mask, const Tensor& q, const Tensor& k,
+                const Tensor& v, const Tensor& lse) {
   p.q = q.data<T>();
   p.k = k.data<T>();
   p.v = v.data<T>();
-  p.o = o.data<T>();
   p.lse = lse.data<T>();
   p.mask = mask;
   p.heads = d.heads();
@@ -114,16 +108,33 @@ void launch_forward(const Dims& d, const MaskView& mask, const Tensor& q, const 
   p.Sq = d.Sq;
   p.Sk = d.Sk;
   p.D = d.D;
-  p.q_tiles = static_cast<int>((d.Sq + BR - 1) / BR);
   p.causal = d.causal;
-  p.vec = d.D % 4 == 0 && aligned16({p.q, p.k, p.v, p.o});
   p.smul = static_cast<T>(d.scale * kLog2e);
   p.mask_mul = static_cast<T>(kLog2e);
-  const std::int64_t blocks = p.heads * p.q_tiles;
+}
+
+/// Launches `blocks` blocks of kThreads (one per (head, tile)) with `smem` bytes of shared memory.
+template <class Kernel, class Params>
+void launch_blocks(Kernel kernel, std::int64_t blocks, int smem, Device dev, const Params& p) {
   DUALCAST_CHECK(blocks < (std::int64_t(1) << 31), "scaled_dot_product_attention: ", blocks,
                  " blocks exceed the grid limit");
   kernel<<<static_cast<unsigned>(blocks), kThreads, smem, detail::stream(dev)>>>(p);
   DUALCAST_CUDA_CHECK_LAUNCH();
+}
+
+template <class T, int D_PAD, int TM>
+void launch_forward(const Dims& d, const MaskView& mask, const Tensor& q, const Tensor& k, const Tensor& v,
+                    Tensor& o, Tensor& lse) {
+  constexpr int BR = kWarps * 4 * TM;
+  constexpr int smem = fwd_smem_bytes<T, D_PAD, TM>();
+  const Device dev = q.device();
+  allow_smem<attention_forward_kernel<T, D_PAD, TM>>(dev, smem);
+  FwdParams<T> p{};
+  set_common(p, d, mask, q, k, v, lse);
+  p.o = o.data<T>();
+  p.q_tiles = static_cast<int>((d.Sq + BR - 1) / BR);
+  p.vec = d.D % 4 == 0 && aligned16({p.q, p.k, p.v, p.o});
+  launch_blocks(attention_forward_kernel<T, D_PAD, TM>, p.heads * p.q_tiles, smem, dev, p);
 }
 
 template <class T, int D_PAD>
@@ -133,10 +144,8 @@ void launch_backward(const Dims& d, const MaskView& mask, const Tensor& q, const
   constexpr int TK = Config<T, D_PAD>::TK;
   constexpr int BC = kWarps * 4 * TK;
   constexpr int smem = bwd_smem_bytes<T, D_PAD, TK>();
-  static std::once_flag flags[64];
   const Device dev = q.device();
-  auto kernel = attention_backward_kernel<T, D_PAD, TK>;
-  allow_smem(dev, kernel, smem, flags);
+  allow_smem<attention_backward_kernel<T, D_PAD, TK>>(dev, smem);
 
   const std::int64_t rows = d.heads() * d.Sq;
   Tensor delta = Tensor::empty(Shape{rows}, q.dtype(), dev);
@@ -148,32 +157,16 @@ void launch_backward(const Dims& d, const MaskView& mask, const Tensor& q, const
     DUALCAST_CUDA_CHECK_LAUNCH();
   }
   BwdParams<T> p{};
-  p.q = q.data<T>();
-  p.k = k.data<T>();
-  p.v = v.data<T>();
+  set_common(p, d, mask, q, k, v, lse);
   p.dout = dout.data<T>();
-  p.lse = lse.data<T>();
   p.delta = delta.data<T>();
   p.dq = dq.data<T>();
   p.dk = dk.data<T>();
   p.dv = dv.data<T>();
-  p.mask = mask;
-  p.heads = d.heads();
-  p.H = d.H;
-  p.Sq = d.Sq;
-  p.Sk = d.Sk;
-  p.D = d.D;
   p.k_tiles = static_cast<int>((d.Sk + BC - 1) / BC);
-  p.causal = d.causal;
   p.vec = d.D % 4 == 0 && aligned16({p.q, p.k, p.v, p.dout, p.dq, p.dk, p.dv});
-  p.smul = static_cast<T>(d.scale * kLog2e);
-  p.mask_mul = static_cast<T>(kLog2e);
   p.scale = static_cast<T>(d.scale);
-  const std::int64_t blocks = p.heads * p.k_tiles;
-  DUALCAST_CHECK(blocks < (std::int64_t(1) << 31), "scaled_dot_product_attention: ", blocks,
-                 " blocks exceed the grid limit");
-  kernel<<<static_cast<unsigned>(blocks), kThreads, smem, detail::stream(dev)>>>(p);
-  DUALCAST_CUDA_CHECK_LAUNCH();
+  launch_blocks(attention_backward_kernel<T, D_PAD, TK>, p.heads * p.k_tiles, smem, dev, p);
 }
 
 /// The float32, head_dim 64 forward comes in two tile shapes: 8 rows per lane (128 query rows per

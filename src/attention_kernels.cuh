@@ -49,6 +49,59 @@ constexpr int blocks_per_sm(int smem_bytes) {
   return b < 1 ? 1 : (b > 3 ? 3 : b);
 }
 
+/// A lane's TR x 8 block of A B^T over the head dimension: rows r0 + i of A and rows ci + 8 j of B
+/// (both pitch LD). S = Q K^T in the forward; S^T = K Q^T and dP^T = V dO^T in the backward, whose
+/// S^T is thus the forward's S bit for bit (the same FMAs in the same order).
+template <class T, int D_PAD, int TR>
+__device__ __forceinline__ void rows_by_rows(const T* __restrict__ A, const T* __restrict__ B, int r0,
+                                             int ci, T (&out)[TR][8]) {
+  constexpr int LD = D_PAD + kPad<T>;
+#pragma unroll
+  for (int i = 0; i < TR; ++i)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) out[i][j] = T(0);
+#pragma unroll 1
+  for (int d = 0; d < D_PAD; d += 4) {
+    T a[TR][4];
+#pragma unroll
+    for (int i = 0; i < TR; ++i) ld4(A + (r0 + i) * LD + d, a[i]);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      T bv[4];
+      ld4(B + (ci + 8 * j) * LD + d, bv);
+#pragma unroll
+      for (int i = 0; i < TR; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) out[i][j] = fma(a[i][e], bv[e], out[i][j]);
+    }
+  }
+}
+
+/// acc[i][4 g + x] += sum over c < N of A[i][c] B[c][4 ci + 32 g + x]: a lane's ROWS rows of A
+/// (pitch LDA, each read four columns at a time as a broadcast) times the 16-byte groups of B's rows
+/// (pitch LD) that it owns: O += P V in the forward.
+template <int ROWS, int NG, int N, int LDA, int LD, class T>
+__device__ __forceinline__ void rows_times_groups(const T* A, const T* B, int ci, T (&acc)[ROWS][4 * NG]) {
+#pragma unroll 1
+  for (int c = 0; c < N; c += 4) {
+    T a[ROWS][4];
+#pragma unroll
+    for (int i = 0; i < ROWS; ++i) ld4(A + i * LDA + c, a[i]);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+#pragma unroll
+      for (int g = 0; g < NG; ++g) {
+        T b4[4];
+        ld4(B + (c + e) * LD + 4 * ci + 32 * g, b4);
+#pragma unroll
+        for (int i = 0; i < ROWS; ++i)
+#pragma unroll
+          for (int x = 0; x < 4; ++x) acc[i][4 * g + x] = fma(a[i][e], b4[x], acc[i][4 * g + x]);
+      }
+    }
+  }
+}
+
 template <class T, int D_PAD, int TM>
 __global__ void __launch_bounds__(kThreads, blocks_per_sm(fwd_smem_bytes<T, D_PAD, TM>()))
     attention_forward_kernel(const FwdParams<T> p) {
@@ -104,25 +157,7 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(fwd_smem_bytes<T, D_PA
 
     // S = Q K^T for rows row_l0 + i, columns ci + 8 j.
     T s[TM][8];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-      for (int j = 0; j < 8; ++j) s[i][j] = T(0);
-#pragma unroll 1
-    for (int d = 0; d < D_PAD; d += 4) {
-      T qv[TM][4];
-#pragma unroll
-      for (int i = 0; i < TM; ++i) ld4(Qs + (row_l0 + i) * LD + d, qv[i]);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        T kv[4];
-        ld4(Ks + (ci + 8 * j) * LD + d, kv);
-#pragma unroll
-        for (int i = 0; i < TM; ++i)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[i][j] = fma(qv[i][e], kv[e], s[i][j]);
-      }
-    }
+    rows_by_rows<T, D_PAD, TM>(Qs, Ks, row_l0, ci, s);
 
     // Masks, then the online softmax; P goes to this warp's rows of Ps.
 #pragma unroll
@@ -162,24 +197,7 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(fwd_smem_bytes<T, D_PA
     }
 
     // O += P V: four keys at a time; a P row of this lane is a broadcast, V rows 16-byte groups.
-#pragma unroll 1
-    for (int c = 0; c < kKeyTile; c += 4) {
-      T pv[TM][4];
-#pragma unroll
-      for (int i = 0; i < TM; ++i) ld4(Pw + i * LDP + c, pv[i]);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-#pragma unroll
-        for (int g = 0; g < NG; ++g) {
-          T vv[4];
-          ld4(Vs + (c + e) * LD + 4 * ci + 32 * g, vv);
-#pragma unroll
-          for (int i = 0; i < TM; ++i)
-#pragma unroll
-            for (int x = 0; x < 4; ++x) acc[i][4 * g + x] = fma(pv[i][e], vv[x], acc[i][4 * g + x]);
-        }
-      }
-    }
+    rows_times_groups<TM, NG, kKeyTile, LDP, LD>(Pw, Vs, ci, acc);
     __syncthreads();  // every read of Vs and Ps is done
     if (t + 1 < n_tiles) {
       load_rows_async<T, D_PAD, kKeyTile>(Vs, vg, k0 + kKeyTile, p.Sk, p.D, vec);
@@ -312,33 +330,6 @@ __device__ __forceinline__ void atomic_add4(double* p, const double (&v)[4], boo
   for (int x = 0; x < 4; ++x) atomicAdd(p + x, v[x]);
 }
 
-/// S^T (or dP^T) for this lane's TK keys and query rows ci + 8 j: the product of A (keys, pitch LD)
-/// and B (query rows, pitch LD) over the head dimension.
-template <class T, int D_PAD, int TK>
-__device__ __forceinline__ void keys_by_rows(const T* __restrict__ A, const T* __restrict__ B, int key_l0,
-                                             int ci, T (&out)[TK][8]) {
-  constexpr int LD = D_PAD + kPad<T>;
-#pragma unroll
-  for (int i = 0; i < TK; ++i)
-#pragma unroll
-    for (int j = 0; j < 8; ++j) out[i][j] = T(0);
-#pragma unroll 1
-  for (int d = 0; d < D_PAD; d += 4) {
-    T a[TK][4];
-#pragma unroll
-    for (int i = 0; i < TK; ++i) ld4(A + (key_l0 + i) * LD + d, a[i]);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      T bv[4];
-      ld4(B + (ci + 8 * j) * LD + d, bv);
-#pragma unroll
-      for (int i = 0; i < TK; ++i)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) out[i][j] = fma(a[i][e], bv[e], out[i][j]);
-    }
-  }
-}
-
 template <class T, int D_PAD, int TK>
 __global__ void __launch_bounds__(kThreads, blocks_per_sm(bwd_smem_bytes<T, D_PAD, TK>()))
     attention_backward_kernel(const BwdParams<T> p) {
@@ -407,7 +398,7 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(bwd_smem_bytes<T, D_PA
 
     // P^T = 2^(S^T - lse) for keys key_l0 + i, query rows ci + 8 j (0 where masked).
     T pt[TK][8];
-    keys_by_rows<T, D_PAD, TK>(Ks, Qs, key_l0, ci, pt);
+    rows_by_rows<T, D_PAD, TK>(Ks, Qs, key_l0, ci, pt);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const int rl = ci + 8 * j;
@@ -427,7 +418,7 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(bwd_smem_bytes<T, D_PA
 
     // dS^T = P^T o (dP^T - delta), dP^T = V dO^T.
     T ds[TK][8];
-    keys_by_rows<T, D_PAD, TK>(Vs, dOs, key_l0, ci, ds);
+    rows_by_rows<T, D_PAD, TK>(Vs, dOs, key_l0, ci, ds);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const int rl = ci + 8 * j;
@@ -471,6 +462,8 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(bwd_smem_bytes<T, D_PA
     for (int i = 0; i < 4; ++i)
 #pragma unroll
       for (int c = 0; c < 4 * NG; ++c) dq[i][c] = T(0);
+    // (Written out rather than through rows_times_groups: that form costs the float64 kernels a
+    // register, and at head_dim 128 an 8-byte stack frame.)
 #pragma unroll 1
     for (int c = 0; c < BC; c += 4) {
       T sv[4][4];

@@ -15,6 +15,7 @@
 
 #include "dualcast/error.hpp"
 #include "dualcast/stream.hpp"
+#include "per_device.hpp"
 
 #if DUALCAST_WITH_CUDA
 #include <cublas_v2.h>
@@ -66,17 +67,10 @@ void cpu_scale(std::int64_t m, std::int64_t n, double beta, T* c, std::int64_t l
 }
 
 #if DUALCAST_WITH_CUDA
-constexpr int kMaxDevices = 64;
-
-/// One handle per device, created on first use under std::call_once (thread-safe; a failed creation
-/// throws and is retried by the next call). Handles live until the process ends: destroying them
-/// from a static destructor would race the CUDA runtime's own teardown.
+/// One handle per device (see PerDevice: created on first use, never destroyed).
 cublasHandle_t cublas_handle(Device device) {
-  static std::once_flag once[kMaxDevices];
-  static cublasHandle_t handles[kMaxDevices] = {};
-  DUALCAST_CHECK(device.index >= 0 && device.index < kMaxDevices, "matmul: device index ",
-                 device.index, " out of range");
-  std::call_once(once[device.index], [&] {
+  static PerDevice<cublasHandle_t> handles;
+  return handles.get(device, "matmul", [&] {
     DeviceGuard guard(device);
     cublasHandle_t h = nullptr;
     DUALCAST_CUBLAS_CHECK(cublasCreate(&h));
@@ -99,10 +93,9 @@ cublasHandle_t cublas_handle(Device device) {
     void* ws = nullptr;
     DUALCAST_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
     DUALCAST_CUBLAS_CHECK(cublasSetWorkspace(h, ws, ws_bytes));
-    handles[device.index] = h;
     ++g_handles_created;
+    return h;
   });
-  return handles[device.index];
 }
 
 template <class T>

@@ -9,7 +9,7 @@ namespace dualcast::detail {
 
 namespace {
 
-const char* kind_name(int kind) { return kind == kCbVar ? "Var" : "Tensor"; }
+const char* kind_name(int kind) { return kind == kVarArg ? "Var" : "Tensor"; }
 
 /// Whether `s` is the per-channel form of C channels for an output of rank `rank`: [C], or
 /// [1, C, 1, ..] of the output's rank.
@@ -28,11 +28,11 @@ ChannelPlan plan_channel_broadcast(std::vector<ChannelArg> args) {
   const ChannelArg* largest = nullptr;
   const ChannelArg* type_source = nullptr;  // first Var, else first floating tensor
   for (const auto& a : args) {
-    if (a.kind == kCbNumber) continue;
+    if (a.kind == kNumberArg) continue;
     DUALCAST_CHECK(a.tensor.defined(), "channel_broadcast: argument #", &a - args.data(),
                    " is an undefined ", kind_name(a.kind));
     if (!largest || a.tensor.numel() > largest->tensor.numel()) largest = &a;
-    if (a.kind == kCbVar && (!type_source || type_source->kind != kCbVar)) type_source = &a;
+    if (a.kind == kVarArg && (!type_source || type_source->kind != kVarArg)) type_source = &a;
     if (!type_source && is_floating(a.tensor.dtype())) type_source = &a;
   }
   DUALCAST_CHECK(largest != nullptr, "channel_broadcast: needs at least one Var or Tensor argument (all ",
@@ -53,7 +53,7 @@ ChannelPlan plan_channel_broadcast(std::vector<ChannelArg> args) {
 
   for (std::size_t a = 0; a < args.size(); ++a) {
     ChannelArg& info = args[a];
-    if (info.kind == kCbNumber) {
+    if (info.kind == kNumberArg) {
       info.access = static_cast<int>(ChannelAccess::number);
       continue;
     }
@@ -63,7 +63,7 @@ ChannelPlan plan_channel_broadcast(std::vector<ChannelArg> args) {
                    " but argument #", largest - args.data(), " ", out.str(), " is on ",
                    plan.device.str());
     if (t.dtype() != plan.dtype) {
-      DUALCAST_CHECK(t.dtype() == DType::uint8 && info.kind == kCbTensor,
+      DUALCAST_CHECK(t.dtype() == DType::uint8 && info.kind == kTensorArg,
                      "channel_broadcast: arguments of different dtypes: argument #", a, " ",
                      t.shape().str(), " is ", dtype_name(t.dtype()), " but argument #",
                      type_source - args.data(), " is ", dtype_name(plan.dtype),

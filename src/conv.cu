@@ -128,7 +128,12 @@ DUALCAST_HD DUALCAST_INLINE std::int64_t div64(std::int64_t a, std::int64_t b) {
   return a / b;
 }
 
-/// cols[row, col] for the chunk [b0, b0 + nb): row (c, kh, kw), col (b, oh, ow).
+// Each step of a chunk is one functor: per element on a GPU (operator(); index arithmetic per
+// element), per plane on the CPU (cpu_task; contiguous inner loops with the arithmetic hoisted,
+// since the per-element form spends its time dividing). run_step picks the form.
+
+/// cols[row, col] for the chunk [b0, b0 + nb): row (c, kh, kw), col (b, oh, ow). CPU task (c, b):
+/// the KH*KW rows of channel c for sample b, a row segment of OH*OW at a time.
 template <class T>
 struct Im2col {
   const T* x;
@@ -147,9 +152,34 @@ struct Im2col {
                   ? x[((b0 + b) * g.C + c) * g.H * g.W + ih * g.W + iw]
                   : T(0);
   }
+  void cpu_task(std::int64_t task) const {
+    const std::int64_t c = task / nb, b = task - c * nb;
+    const std::int64_t L = nb * g.OH * g.OW;
+    const T* plane = x + ((b0 + b) * g.C + c) * g.H * g.W;
+    for (std::int64_t kh = 0; kh < g.KH; ++kh)
+      for (std::int64_t kw = 0; kw < g.KW; ++kw) {
+        T* row = cols + ((c * g.KH + kh) * g.KW + kw) * L + b * g.OH * g.OW;
+        for (std::int64_t oh = 0; oh < g.OH; ++oh) {
+          const std::int64_t ih = oh * g.sh - g.ph + kh * g.dh;
+          T* out = row + oh * g.OW;
+          if (ih < 0 || ih >= g.H) {
+            for (std::int64_t ow = 0; ow < g.OW; ++ow) out[ow] = T(0);
+            continue;
+          }
+          const T* in = plane + ih * g.W;
+          const std::int64_t shift = kw * g.dw - g.pw;
+          for (std::int64_t ow = 0; ow < g.OW; ++ow) {
+            const std::int64_t iw = ow * g.sw + shift;
+            out[ow] = (iw >= 0 && iw < g.W) ? in[iw] : T(0);
+          }
+        }
+      }
+  }
 };
 
-/// dx[b0 + b, c, ih, iw] (+)= the sum of every column entry that im2col filled from it.
+/// dx[b0 + b, c, ih, iw] (+)= the sum of every column entry that im2col filled from it. CPU task
+/// (b, c): owns the plane dx[b0 + b, c] and adds the columns of its KH*KW rows into it (no other
+/// task writes that plane).
 template <class T>
 struct Col2im {
   const T* dcols;
@@ -179,86 +209,7 @@ struct Col2im {
     const std::int64_t idx = ((b0 + b) * g.C + c) * g.H * g.W + ih * g.W + iw;
     dx[idx] = (accumulate ? dx[idx] : T(0)) + acc;
   }
-};
-
-/// Between the chunk's NCHW output [nb, O, OHW] (at sample b0) and the GEMM's [O, nb * OHW]:
-/// to_rows copies dy into rows, otherwise rows are scattered back into y. One element per index (GPU).
-template <class T>
-struct OutputRows {
-  T* nchw;
-  T* rows;
-  std::int64_t O, OHW, b0, nb;
-  bool to_rows;
-  DUALCAST_HD void operator()(std::int64_t i) const {
-    const std::int64_t L = nb * OHW;
-    const std::int64_t o = div64(i, L), r = i - o * L;
-    const std::int64_t b = div64(r, OHW), p = r - b * OHW;
-    T& a = nchw[((b0 + b) * O + o) * OHW + p];
-    if (to_rows) rows[i] = a;
-    else a = rows[i];
-  }
-};
-
-/// The same on the CPU: task (b, o) copies one contiguous run of OHW.
-template <class T>
-struct OutputRowsPlanes {
-  T* nchw;
-  T* rows;
-  std::int64_t O, OHW, b0, nb;
-  bool to_rows;
-  void operator()(std::int64_t task) const {
-    const std::int64_t b = task / O, o = task - b * O;
-    T* a = nchw + ((b0 + b) * O + o) * OHW;
-    T* r = rows + o * nb * OHW + b * OHW;
-    if (to_rows) std::copy(a, a + OHW, r);
-    else std::copy(r, r + OHW, a);
-  }
-};
-
-/// The CPU's im2col: task (c, b) fills the KH*KW rows of channel c for sample b, a row segment of
-/// OH*OW at a time with the index arithmetic hoisted out of the inner loop (the per-element form
-/// above spends its time dividing).
-template <class T>
-struct Im2colPlanes {
-  const T* x;
-  T* cols;
-  ConvGeometry g;
-  std::int64_t b0, nb;
-  void operator()(std::int64_t task) const {
-    const std::int64_t c = task / nb, b = task - c * nb;
-    const std::int64_t L = nb * g.OH * g.OW;
-    const T* plane = x + ((b0 + b) * g.C + c) * g.H * g.W;
-    for (std::int64_t kh = 0; kh < g.KH; ++kh)
-      for (std::int64_t kw = 0; kw < g.KW; ++kw) {
-        T* row = cols + ((c * g.KH + kh) * g.KW + kw) * L + b * g.OH * g.OW;
-        for (std::int64_t oh = 0; oh < g.OH; ++oh) {
-          const std::int64_t ih = oh * g.sh - g.ph + kh * g.dh;
-          T* out = row + oh * g.OW;
-          if (ih < 0 || ih >= g.H) {
-            for (std::int64_t ow = 0; ow < g.OW; ++ow) out[ow] = T(0);
-            continue;
-          }
-          const T* in = plane + ih * g.W;
-          const std::int64_t shift = kw * g.dw - g.pw;
-          for (std::int64_t ow = 0; ow < g.OW; ++ow) {
-            const std::int64_t iw = ow * g.sw + shift;
-            out[ow] = (iw >= 0 && iw < g.W) ? in[iw] : T(0);
-          }
-        }
-      }
-  }
-};
-
-/// The CPU's col2im: task (b, c) owns the plane dx[b0 + b, c] and adds the columns of its KH*KW rows
-/// into it (no other task writes that plane).
-template <class T>
-struct Col2imPlanes {
-  const T* dcols;
-  T* dx;
-  ConvGeometry g;
-  std::int64_t b0, nb;
-  bool accumulate;
-  void operator()(std::int64_t task) const {
+  void cpu_task(std::int64_t task) const {
     const std::int64_t b = task / g.C, c = task - b * g.C;
     const std::int64_t L = nb * g.OH * g.OW;
     T* plane = dx + ((b0 + b) * g.C + c) * g.H * g.W;
@@ -282,31 +233,55 @@ struct Col2imPlanes {
   }
 };
 
+/// Between the chunk's NCHW output [nb, O, OHW] (at sample b0) and the GEMM's [O, nb * OHW]:
+/// to_rows copies dy into rows, otherwise rows are scattered back into y. CPU task (b, o): one
+/// contiguous run of OHW.
+template <class T>
+struct OutputRows {
+  T* nchw;
+  T* rows;
+  std::int64_t O, OHW, b0, nb;
+  bool to_rows;
+  DUALCAST_HD void operator()(std::int64_t i) const {
+    const std::int64_t L = nb * OHW;
+    const std::int64_t o = div64(i, L), r = i - o * L;
+    const std::int64_t b = div64(r, OHW), p = r - b * OHW;
+    T& a = nchw[((b0 + b) * O + o) * OHW + p];
+    if (to_rows) rows[i] = a;
+    else a = rows[i];
+  }
+  void cpu_task(std::int64_t task) const {
+    const std::int64_t b = task / O, o = task - b * O;
+    T* a = nchw + ((b0 + b) * O + o) * OHW;
+    T* r = rows + o * nb * OHW + b * OHW;
+    if (to_rows) std::copy(a, a + OHW, r);
+    else std::copy(r, r + OHW, a);
+  }
+};
+
 template <class Body>
-void run_tasks(const void* ctx, std::int64_t begin, std::int64_t end) {
+void run_planes(const void* ctx, std::int64_t begin, std::int64_t end) {
   const Body& body = *static_cast<const Body*>(ctx);
-  for (std::int64_t t = begin; t < end; ++t) body(t);
+  for (std::int64_t t = begin; t < end; ++t) body.cpu_task(t);
+}
+
+/// One step of a chunk: body.cpu_task over its `planes` tasks on the CPU, body over its n elements
+/// on a GPU.
+template <class Body>
+void run_step(Device d, const Body& body, std::int64_t planes, std::int64_t n) {
+  if (d.is_cpu()) detail::cpu_parallel_range(planes, 1, &run_planes<Body>, &body);
+  else parallel_for(d, n, body);
 }
 
 template <class T>
 void im2col(Device d, const T* x, T* cols, const ConvGeometry& g, std::int64_t b0, std::int64_t nb) {
-  if (d.is_cpu()) {
-    const Im2colPlanes<T> body{x, cols, g, b0, nb};
-    detail::cpu_parallel_range(g.C * nb, 1, &run_tasks<Im2colPlanes<T>>, &body);
-  } else {
-    parallel_for(d, g.C * g.KH * g.KW * nb * g.OHW(), Im2col<T>{x, cols, g, b0, nb});
-  }
+  run_step(d, Im2col<T>{x, cols, g, b0, nb}, g.C * nb, g.C * g.KH * g.KW * nb * g.OHW());
 }
 
 template <class T>
 void col2im(Device d, const T* dcols, T* dx, const ConvGeometry& g, std::int64_t b0, std::int64_t nb,
             bool accumulate) {
-  if (d.is_cpu()) {
-    const Col2imPlanes<T> body{dcols, dx, g, b0, nb, accumulate};
-    detail::cpu_parallel_range(nb * g.C, 1, &run_tasks<Col2imPlanes<T>>, &body);
-  } else {
-    parallel_for(d, nb * g.C * g.HW(), Col2im<T>{dcols, dx, g, b0, nb, accumulate});
-  }
+  run_step(d, Col2im<T>{dcols, dx, g, b0, nb, accumulate}, nb * g.C, nb * g.C * g.HW());
 }
 
 /// Samples per chunk: the column buffer stays under a budget (32M elements on a GPU, 4M on the CPU).
@@ -319,11 +294,20 @@ std::int64_t chunk_samples(Device d, const ConvGeometry& g) {
 template <class T>
 void output_rows(Device d, T* nchw, T* rows, const ConvGeometry& g, std::int64_t b0, std::int64_t nb,
                  bool to_rows) {
-  if (d.is_cpu()) {
-    const OutputRowsPlanes<T> body{nchw, rows, g.O, g.OHW(), b0, nb, to_rows};
-    detail::cpu_parallel_range(nb * g.O, 1, &run_tasks<OutputRowsPlanes<T>>, &body);
-  } else {
-    parallel_for(d, g.O * nb * g.OHW(), OutputRows<T>{nchw, rows, g.O, g.OHW(), b0, nb, to_rows});
+  run_step(d, OutputRows<T>{nchw, rows, g.O, g.OHW(), b0, nb, to_rows}, nb * g.O, g.O * nb * g.OHW());
+}
+
+/// Calls body(cols, rows, b0, nb, L) for each chunk of nb samples from b0 (L = nb * OHW columns),
+/// with the cols and rows buffers sized for the largest chunk.
+template <class T, class Body>
+void for_each_chunk(Device d, const ConvGeometry& g, const Body& body) {
+  const std::int64_t nbmax = chunk_samples(d, g);
+  const std::int64_t CKK = g.C * g.KH * g.KW, OHW = g.OHW();
+  Tensor cols = Tensor::empty(Shape{CKK * nbmax * OHW}, dtype_of<T>(), d);
+  Tensor rows = Tensor::empty(Shape{g.O * nbmax * OHW}, dtype_of<T>(), d);
+  for (std::int64_t b0 = 0; b0 < g.N; b0 += nbmax) {
+    const std::int64_t nb = std::min(nbmax, g.N - b0);
+    body(cols.data<T>(), rows.data<T>(), b0, nb, nb * OHW);
   }
 }
 
@@ -331,20 +315,14 @@ void output_rows(Device d, T* nchw, T* rows, const ConvGeometry& g, std::int64_t
 /// y = rows scattered back to NCHW.
 template <class T>
 void gemm_forward(Device d, const ConvGeometry& g, const T* x, const T* w, T* y) {
-  const std::int64_t nbmax = chunk_samples(d, g);
-  const std::int64_t CKK = g.C * g.KH * g.KW, OHW = g.OHW(), Og = g.Og(), CgKK = g.CgKK();
-  Tensor cols = Tensor::empty(Shape{CKK * nbmax * OHW}, dtype_of<T>(), d);
-  Tensor rows = Tensor::empty(Shape{g.O * nbmax * OHW}, dtype_of<T>(), d);
-  T* cp = cols.data<T>();
-  T* rp = rows.data<T>();
-  for (std::int64_t b0 = 0; b0 < g.N; b0 += nbmax) {
-    const std::int64_t nb = std::min(nbmax, g.N - b0), L = nb * OHW;
+  const std::int64_t Og = g.Og(), CgKK = g.CgKK();
+  for_each_chunk<T>(d, g, [&](T* cp, T* rp, std::int64_t b0, std::int64_t nb, std::int64_t L) {
     im2col<T>(d, x, cp, g, b0, nb);
     for (std::int64_t grp = 0; grp < g.groups; ++grp)
       detail::gemm(d, dtype_of<T>(), false, false, Og, L, CgKK, 1.0, w + grp * Og * CgKK, CgKK, 0,
                    cp + grp * CgKK * L, L, 0, 0.0, rp + grp * Og * L, L, 0, 1);
     output_rows<T>(d, y, rp, g, b0, nb, /*to_rows=*/false);
-  }
+  });
 }
 
 /// Per chunk: rows = dy as [O, nb*OHW]; dW[g] (+)= rows[g] cols[g]^T with cols = im2col(x);
@@ -352,14 +330,8 @@ void gemm_forward(Device d, const ConvGeometry& g, const T* x, const T* w, T* y)
 template <class T>
 void gemm_backward(Device d, const ConvGeometry& g, const T* x, const T* w, T* dy, T* dx, bool accumulate,
                    T* dw) {
-  const std::int64_t nbmax = chunk_samples(d, g);
-  const std::int64_t CKK = g.C * g.KH * g.KW, OHW = g.OHW(), Og = g.Og(), CgKK = g.CgKK();
-  Tensor cols = Tensor::empty(Shape{CKK * nbmax * OHW}, dtype_of<T>(), d);
-  Tensor rows = Tensor::empty(Shape{g.O * nbmax * OHW}, dtype_of<T>(), d);
-  T* cp = cols.data<T>();
-  T* rp = rows.data<T>();
-  for (std::int64_t b0 = 0; b0 < g.N; b0 += nbmax) {
-    const std::int64_t nb = std::min(nbmax, g.N - b0), L = nb * OHW;
+  const std::int64_t Og = g.Og(), CgKK = g.CgKK();
+  for_each_chunk<T>(d, g, [&](T* cp, T* rp, std::int64_t b0, std::int64_t nb, std::int64_t L) {
     output_rows<T>(d, dy, rp, g, b0, nb, /*to_rows=*/true);
     if (dw) {
       im2col<T>(d, x, cp, g, b0, nb);
@@ -373,7 +345,7 @@ void gemm_backward(Device d, const ConvGeometry& g, const T* x, const T* w, T* d
                      rp + grp * Og * L, L, 0, 0.0, cp + grp * CgKK * L, L, 0, 1);
       col2im<T>(d, cp, dx, g, b0, nb, accumulate);
     }
-  }
+  });
 }
 
 // ---- the three directions, dispatched -------------------------------------------------------------

@@ -42,6 +42,7 @@
 #include <cudnn.h>
 
 #include "dualcast/stream.hpp"
+#include "per_device.hpp"
 #endif
 
 namespace dualcast::detail {
@@ -157,23 +158,19 @@ std::string cudnn_version_string() {
 
 namespace {
 
-constexpr int kMaxDevices = 64;
 /// The most workspace any algorithm may use (Find is handed this much, when free).
 constexpr std::size_t kMaxWorkspace = std::size_t(1) << 30;
 
+/// One handle per device (see PerDevice: created on first use, never destroyed).
 cudnnHandle_t handle(Device device) {
-  static std::once_flag once[kMaxDevices];
-  static cudnnHandle_t handles[kMaxDevices] = {};
-  DUALCAST_CHECK(device.index >= 0 && device.index < kMaxDevices, "conv2d: device index ",
-                 device.index, " out of range");
-  std::call_once(once[device.index], [&] {
+  static PerDevice<cudnnHandle_t> handles;
+  return handles.get(device, "conv2d", [&] {
     DeviceGuard guard(device);
     cudnnHandle_t h = nullptr;
     DUALCAST_CUDNN_CHECK(cudnnCreate(&h));
     DUALCAST_CUDNN_CHECK(cudnnSetStream(h, stream(device)));
-    handles[device.index] = h;
+    return h;
   });
-  return handles[device.index];
 }
 
 int as_int(std::int64_t v, const char* what) {
@@ -364,6 +361,88 @@ Scalars scalars(double alpha, double beta) {
   return {{static_cast<float>(alpha), static_cast<float>(beta)}, {alpha, beta}};
 }
 
+// ---- the algorithm search --------------------------------------------------------------------------
+// The cuDNN calls of each direction, overloaded on its result type: forward (inputs x, w; output
+// y), backward data (w, dy; dx), backward filter (x, dy; dw).
+
+void algo_count(cudnnHandle_t h, const cudnnConvolutionFwdAlgoPerf_t*, int* n) {
+  DUALCAST_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(h, n));
+}
+void algo_count(cudnnHandle_t h, const cudnnConvolutionBwdDataAlgoPerf_t*, int* n) {
+  DUALCAST_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, n));
+}
+void algo_count(cudnnHandle_t h, const cudnnConvolutionBwdFilterAlgoPerf_t*, int* n) {
+  DUALCAST_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, n));
+}
+
+void find_algos(cudnnHandle_t h, const Plan& p, const void* x, const void* w, void* y, int n, int* returned,
+          cudnnConvolutionFwdAlgoPerf_t* r, void* ws, std::size_t limit) {
+  DUALCAST_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(h, p.x, x, p.w, w, p.conv, p.y, y, n,
+                                                              returned, r, ws, limit));
+}
+void find_algos(cudnnHandle_t h, const Plan& p, const void* w, const void* dy, void* dx, int n, int* returned,
+          cudnnConvolutionBwdDataAlgoPerf_t* r, void* ws, std::size_t limit) {
+  DUALCAST_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(h, p.w, w, p.y, dy, p.conv, p.x, dx,
+                                                                   n, returned, r, ws, limit));
+}
+void find_algos(cudnnHandle_t h, const Plan& p, const void* x, const void* dy, void* dw, int n, int* returned,
+          cudnnConvolutionBwdFilterAlgoPerf_t* r, void* ws, std::size_t limit) {
+  DUALCAST_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(h, p.x, x, p.y, dy, p.conv, p.w,
+                                                                     dw, n, returned, r, ws, limit));
+}
+
+void rank_algos(cudnnHandle_t h, const Plan& p, int n, int* returned, cudnnConvolutionFwdAlgoPerf_t* r) {
+  DUALCAST_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, p.x, p.w, p.conv, p.y, n, returned, r));
+}
+void rank_algos(cudnnHandle_t h, const Plan& p, int n, int* returned, cudnnConvolutionBwdDataAlgoPerf_t* r) {
+  DUALCAST_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p.w, p.y, p.conv, p.x, n, returned, r));
+}
+void rank_algos(cudnnHandle_t h, const Plan& p, int n, int* returned, cudnnConvolutionBwdFilterAlgoPerf_t* r) {
+  DUALCAST_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p.x, p.y, p.conv, p.w, n, returned,
+                                                                     r));
+}
+
+void workspace_size(cudnnHandle_t h, const Plan& p, cudnnConvolutionFwdAlgo_t a, std::size_t* bytes) {
+  DUALCAST_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, p.x, p.w, p.conv, p.y, a, bytes));
+}
+void workspace_size(cudnnHandle_t h, const Plan& p, cudnnConvolutionBwdDataAlgo_t a, std::size_t* bytes) {
+  DUALCAST_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, p.w, p.y, p.conv, p.x, a, bytes));
+}
+void workspace_size(cudnnHandle_t h, const Plan& p, cudnnConvolutionBwdFilterAlgo_t a, std::size_t* bytes) {
+  DUALCAST_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p.x, p.y, p.conv, p.w, a, bytes));
+}
+
+/// Chooses the algorithm of one direction, once per plan (under p.mutex; `ready` records it): the
+/// first usable result of cuDNN's Find (timed on a zeroed scratch output of `out_shape`) where Find
+/// is on and the stream is not capturing, else of its heuristic ranking; then its workspace size.
+/// a and b are the direction's two inputs, in the order of find_algos above.
+template <class Perf, class Algo>
+void choose_algo(cudnnHandle_t h, Device device, DType dtype, const ConvGeometry& g, Plan& p,
+                 const char* direction, const void* a, const void* b, const Shape& out_shape,
+                 bool& ready, Algo& algo, std::size_t& ws_bytes) {
+  std::lock_guard lock(p.mutex);
+  if (ready) return;
+  ++g_searches;
+  int max_count = 0, returned = 0;
+  algo_count(h, static_cast<const Perf*>(nullptr), &max_count);
+  std::vector<Perf> r(static_cast<std::size_t>(std::max(max_count, 1)));
+  std::size_t limit = kMaxWorkspace;
+  if (use_find() && !stream_is_capturing(device)) {
+    Tensor ws = search_workspace(device, limit);
+    const Tensor scratch = search_output(out_shape, dtype, device);
+    find_algos(h, p, a, b, scratch.raw_data(), max_count, &returned, r.data(), ws.raw_data(), limit);
+  } else {
+    rank_algos(h, p, max_count, &returned, r.data());
+  }
+  const auto it = std::find_if(r.begin(), r.begin() + returned,
+                               [&](const auto& e) { return usable(e, dtype, limit); });
+  if (it == r.begin() + returned) no_algorithm(direction, r, returned, g);
+  algo = it->algo;
+  record_choice(direction, algo);
+  workspace_size(h, p, algo, &ws_bytes);
+  ready = true;
+}
+
 }  // namespace
 
 void cudnn_conv_forward(Device device, DType dtype, const ConvGeometry& g, const void* x,
@@ -371,33 +450,8 @@ void cudnn_conv_forward(Device device, DType dtype, const ConvGeometry& g, const
   cudnnHandle_t h = handle(device);
   DeviceGuard guard(device);
   Plan& p = plan_for(device, dtype, g);
-  {
-    std::lock_guard lock(p.mutex);
-    if (!p.fwd_ready) {
-      ++g_searches;
-      int max_count = 0, returned = 0;
-      DUALCAST_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(h, &max_count));
-      std::vector<cudnnConvolutionFwdAlgoPerf_t> r(static_cast<std::size_t>(std::max(max_count, 1)));
-      std::size_t limit = kMaxWorkspace;
-      if (use_find() && !stream_is_capturing(device)) {
-        Tensor ws = search_workspace(device, limit);
-        const Tensor scratch = search_output(Shape{g.N, g.O, g.OH, g.OW}, dtype, device);
-        DUALCAST_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(h, p.x, x, p.w, w, p.conv, p.y,
-                                                                    scratch.raw_data(), max_count, &returned,
-                                                                    r.data(), ws.raw_data(), limit));
-      } else {
-        DUALCAST_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, p.x, p.w, p.conv, p.y, max_count,
-                                                                    &returned, r.data()));
-      }
-      const auto it = std::find_if(r.begin(), r.begin() + returned,
-                                   [&](const auto& e) { return usable(e, dtype, limit); });
-      if (it == r.begin() + returned) no_algorithm("forward", r, returned, g);
-      p.fwd = it->algo;
-      record_choice("forward", p.fwd);
-      DUALCAST_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, p.x, p.w, p.conv, p.y, p.fwd, &p.fwd_ws));
-      p.fwd_ready = true;
-    }
-  }
+  choose_algo<cudnnConvolutionFwdAlgoPerf_t>(h, device, dtype, g, p, "forward", x, w,
+                                             Shape{g.N, g.O, g.OH, g.OW}, p.fwd_ready, p.fwd, p.fwd_ws);
   const Tensor ws = workspace(device, p.fwd_ws);
   const Scalars s = scalars(1.0, 0.0);
   DUALCAST_CUDNN_CHECK(cudnnConvolutionForward(h, s.alpha(p.type), p.x, x, p.w, w, p.conv, p.fwd,
@@ -409,34 +463,9 @@ void cudnn_conv_backward_data(Device device, DType dtype, const ConvGeometry& g,
   cudnnHandle_t h = handle(device);
   DeviceGuard guard(device);
   Plan& p = plan_for(device, dtype, g);
-  {
-    std::lock_guard lock(p.mutex);
-    if (!p.data_ready) {
-      ++g_searches;
-      int max_count = 0, returned = 0;
-      DUALCAST_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, &max_count));
-      std::vector<cudnnConvolutionBwdDataAlgoPerf_t> r(static_cast<std::size_t>(std::max(max_count, 1)));
-      std::size_t limit = kMaxWorkspace;
-      if (use_find() && !stream_is_capturing(device)) {
-        Tensor ws = search_workspace(device, limit);
-        const Tensor scratch = search_output(Shape{g.N, g.C, g.H, g.W}, dtype, device);
-        DUALCAST_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
-            h, p.w, w, p.y, dy, p.conv, p.x, scratch.raw_data(), max_count, &returned, r.data(),
-            ws.raw_data(), limit));
-      } else {
-        DUALCAST_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p.w, p.y, p.conv, p.x, max_count,
-                                                                         &returned, r.data()));
-      }
-      const auto it = std::find_if(r.begin(), r.begin() + returned,
-                                   [&](const auto& e) { return usable(e, dtype, limit); });
-      if (it == r.begin() + returned) no_algorithm("backward-data", r, returned, g);
-      p.data = it->algo;
-      record_choice("backward-data", p.data);
-      DUALCAST_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, p.w, p.y, p.conv, p.x, p.data,
-                                                                        &p.data_ws));
-      p.data_ready = true;
-    }
-  }
+  choose_algo<cudnnConvolutionBwdDataAlgoPerf_t>(h, device, dtype, g, p, "backward-data", w, dy,
+                                                 Shape{g.N, g.C, g.H, g.W}, p.data_ready, p.data,
+                                                 p.data_ws);
   const Tensor ws = workspace(device, p.data_ws);
   const Scalars s = scalars(1.0, accumulate ? 1.0 : 0.0);
   DUALCAST_CUDNN_CHECK(cudnnConvolutionBackwardData(h, s.alpha(p.type), p.w, w, p.y, dy, p.conv, p.data,
@@ -448,34 +477,9 @@ void cudnn_conv_backward_filter(Device device, DType dtype, const ConvGeometry& 
   cudnnHandle_t h = handle(device);
   DeviceGuard guard(device);
   Plan& p = plan_for(device, dtype, g);
-  {
-    std::lock_guard lock(p.mutex);
-    if (!p.filter_ready) {
-      ++g_searches;
-      int max_count = 0, returned = 0;
-      DUALCAST_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, &max_count));
-      std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> r(static_cast<std::size_t>(std::max(max_count, 1)));
-      std::size_t limit = kMaxWorkspace;
-      if (use_find() && !stream_is_capturing(device)) {
-        Tensor ws = search_workspace(device, limit);
-        const Tensor scratch = search_output(Shape{g.O, g.Cg(), g.KH, g.KW}, dtype, device);
-        DUALCAST_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
-            h, p.x, x, p.y, dy, p.conv, p.w, scratch.raw_data(), max_count, &returned, r.data(),
-            ws.raw_data(), limit));
-      } else {
-        DUALCAST_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p.x, p.y, p.conv, p.w,
-                                                                           max_count, &returned, r.data()));
-      }
-      const auto it = std::find_if(r.begin(), r.begin() + returned,
-                                   [&](const auto& e) { return usable(e, dtype, limit); });
-      if (it == r.begin() + returned) no_algorithm("backward-filter", r, returned, g);
-      p.filter = it->algo;
-      record_choice("backward-filter", p.filter);
-      DUALCAST_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p.x, p.y, p.conv, p.w,
-                                                                          p.filter, &p.filter_ws));
-      p.filter_ready = true;
-    }
-  }
+  choose_algo<cudnnConvolutionBwdFilterAlgoPerf_t>(h, device, dtype, g, p, "backward-filter", x, dy,
+                                                   Shape{g.O, g.Cg(), g.KH, g.KW}, p.filter_ready,
+                                                   p.filter, p.filter_ws);
   const Tensor ws = workspace(device, p.filter_ws);
   const Scalars s = scalars(1.0, 0.0);
   DUALCAST_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, s.alpha(p.type), p.x, x, p.y, dy, p.conv,

@@ -18,12 +18,12 @@
 #include "dualcast/kernels/reduce.cuh"
 #include "dualcast/ops/reduce.hpp"
 #include "dualcast/parallel.hpp"
+#include "row_groups.cuh"
 
 namespace dualcast {
 namespace layer_norm_detail {
 namespace {
 
-using detail::cpu_for;
 
 DUALCAST_HD DUALCAST_INLINE float rsqrt_of(float v) { return 1.0f / ::sqrtf(v); }
 DUALCAST_HD DUALCAST_INLINE double rsqrt_of(double v) { return 1.0 / ::sqrt(v); }
@@ -132,73 +132,40 @@ struct ColumnPartials {
 #if defined(__CUDACC__)
 inline constexpr int kLnBlock = 256;
 
-struct WarpSum {
-  template <class T>
-  __device__ DUALCAST_INLINE T operator()(T v) const {
-#pragma unroll
-    for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(0xffffffffu, v, d);
-    return v;
-  }
-};
+using detail::WarpSum;
 
 template <class T>
 __global__ void __launch_bounds__(kLnBlock) layer_norm_forward_kernel(LnArgs<T> a) {
-  const int lane = static_cast<int>(threadIdx.x) % 32;
-  const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * (kLnBlock / 32);
-  for (std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * (kLnBlock / 32) + threadIdx.x / 32;
-       r < a.rows; r += step)
-    forward_row(a, r, lane, 32, WarpSum{});
+  detail::for_each_group_row<32, kLnBlock>(
+      a.rows, [&](std::int64_t r, int lane) { forward_row(a, r, lane, 32, WarpSum{}); });
 }
 
 template <class T>
 __global__ void __launch_bounds__(kLnBlock) layer_norm_backward_kernel(LnArgs<T> a) {
-  const int lane = static_cast<int>(threadIdx.x) % 32;
-  const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * (kLnBlock / 32);
-  for (std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * (kLnBlock / 32) + threadIdx.x / 32;
-       r < a.rows; r += step)
-    backward_row(a, r, lane, 32, WarpSum{});
-}
-
-unsigned row_blocks(Device dev, std::int64_t rows) {
-  const std::int64_t need = (rows + kLnBlock / 32 - 1) / (kLnBlock / 32);
-  const std::int64_t cap = static_cast<std::int64_t>(multiprocessor_count(dev)) * 16;
-  return static_cast<unsigned>(std::max<std::int64_t>(1, std::min(need, cap)));
+  detail::for_each_group_row<32, kLnBlock>(
+      a.rows, [&](std::int64_t r, int lane) { backward_row(a, r, lane, 32, WarpSum{}); });
 }
 #endif
 
-template <class T>
-void run_forward(Device dev, const LnArgs<T>& a) {
+/// The forward (BACKWARD false) or the backward of every row: a CPU thread or a GPU warp per row.
+template <bool BACKWARD, class T>
+void run_rows(Device dev, const LnArgs<T>& a) {
   if (dev.is_cpu()) {
-    cpu_for(a.rows, std::max<std::int64_t>(1, kCpuGrain / std::max<std::int64_t>(1, a.C)),
-            [&](std::int64_t b, std::int64_t e) {
-              for (std::int64_t r = b; r < e; ++r) forward_row(a, r, 0, 1, NoReduce{});
-            });
+    detail::cpu_rows(a.rows, a.C, [&](std::int64_t r) {
+      if constexpr (BACKWARD) backward_row(a, r, 0, 1, NoReduce{});
+      else forward_row(a, r, 0, 1, NoReduce{});
+    });
     return;
   }
 #if defined(__CUDACC__)
   detail::DeviceGuard guard(dev);
-  layer_norm_forward_kernel<T><<<row_blocks(dev, a.rows), kLnBlock, 0, detail::stream(dev)>>>(a);
+  const unsigned blocks = detail::warp_row_blocks<kLnBlock>(dev, a.rows);
+  if constexpr (BACKWARD) layer_norm_backward_kernel<T><<<blocks, kLnBlock, 0, detail::stream(dev)>>>(a);
+  else layer_norm_forward_kernel<T><<<blocks, kLnBlock, 0, detail::stream(dev)>>>(a);
   DUALCAST_CUDA_CHECK_LAUNCH();
 #else
-  DUALCAST_FAIL("layer_norm on ", dev.str(), ": dualcast was built without its CUDA backend");
-#endif
-}
-
-template <class T>
-void run_backward(Device dev, const LnArgs<T>& a) {
-  if (dev.is_cpu()) {
-    cpu_for(a.rows, std::max<std::int64_t>(1, kCpuGrain / std::max<std::int64_t>(1, a.C)),
-            [&](std::int64_t b, std::int64_t e) {
-              for (std::int64_t r = b; r < e; ++r) backward_row(a, r, 0, 1, NoReduce{});
-            });
-    return;
-  }
-#if defined(__CUDACC__)
-  detail::DeviceGuard guard(dev);
-  layer_norm_backward_kernel<T><<<row_blocks(dev, a.rows), kLnBlock, 0, detail::stream(dev)>>>(a);
-  DUALCAST_CUDA_CHECK_LAUNCH();
-#else
-  DUALCAST_FAIL("layer_norm backward on ", dev.str(), ": dualcast was built without its CUDA backend");
+  DUALCAST_FAIL("layer_norm", BACKWARD ? " backward" : "", " on ", dev.str(),
+                ": dualcast was built without its CUDA backend");
 #endif
 }
 
@@ -254,7 +221,7 @@ ForwardResult forward(const Tensor& x0, const Tensor& gamma0, const Tensor& beta
     a.rows = rows;
     a.C = C;
     a.eps = static_cast<T>(eps);
-    run_forward(dev, a);
+    run_rows<false>(dev, a);
   });
   return r;
 }
@@ -287,7 +254,7 @@ class LayerNormNode final : public Node {
         a.gx = gx.data<T>();
         a.rows = rows;
         a.C = C;
-        if (rows > 0) run_backward(dev, a);
+        if (rows > 0) run_rows<true>(dev, a);
         detail::accumulate_grad(*inputs[0], std::move(gx), /*owned=*/true);
       }
       const bool want_g = inputs.size() > 1 && inputs[1];

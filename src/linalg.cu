@@ -129,21 +129,15 @@ class MatmulNode final : public Node {
     const Tensor& g = grad_outputs[0];
     if (!g.defined()) return;
     if (inputs[0]) {
-      // dA = dC op(B)^T, stored the way A is (transposed back when trans_a).
-      Tensor ga;
-      if (!ta_ && !tb_) ga = product_to_rank(g, b_, false, true, rank_a_);
-      else if (!ta_ && tb_) ga = product_to_rank(g, b_, false, false, rank_a_);
-      else if (ta_ && !tb_) ga = product_to_rank(b_, g, false, true, rank_a_);
-      else ga = product_to_rank(b_, g, true, true, rank_a_);
+      // dA = dC op(B)^T, stored the way A is: (dC op(B)^T)^T = op(B) dC^T when trans_a.
+      Tensor ga = ta_ ? product_to_rank(b_, g, tb_, true, rank_a_)
+                      : product_to_rank(g, b_, false, !tb_, rank_a_);
       detail::accumulate_grad(*inputs[0], std::move(ga), /*owned=*/true);
     }
     if (inputs[1]) {
-      // dB = op(A)^T dC, stored the way B is.
-      Tensor gb;
-      if (!ta_ && !tb_) gb = product_to_rank(a_, g, true, false, rank_b_);
-      else if (!ta_ && tb_) gb = product_to_rank(g, a_, true, false, rank_b_);
-      else if (ta_ && !tb_) gb = product_to_rank(a_, g, false, false, rank_b_);
-      else gb = product_to_rank(g, a_, true, true, rank_b_);
+      // dB = op(A)^T dC, stored the way B is: (op(A)^T dC)^T = dC^T op(A) when trans_b.
+      Tensor gb = tb_ ? product_to_rank(g, a_, true, ta_, rank_b_)
+                      : product_to_rank(a_, g, !ta_, false, rank_b_);
       detail::accumulate_grad(*inputs[1], std::move(gb), /*owned=*/true);
     }
   }

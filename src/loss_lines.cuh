@@ -22,6 +22,7 @@
 #include "dualcast/parallel.hpp"
 #include "dualcast/shape.hpp"
 #include "line_stats.hpp"
+#include "row_groups.cuh"
 
 namespace dualcast::detail::loss_lines {
 
@@ -120,40 +121,31 @@ DUALCAST_HD DUALCAST_INLINE T ce_row_finish(const T* x, std::int64_t r, std::int
 
 template <LineOp OP, class T>
 void cpu_softmax_forward(const Lines& L, const T* x, T* y) {
-  cpu_for(L.lines, std::max<std::int64_t>(1, kCpuGrain / std::max<std::int64_t>(1, L.C)),
-          [&](std::int64_t b, std::int64_t e) {
-            for (std::int64_t l = b; l < e; ++l) {
-              const std::int64_t base = L.base(l);
-              T m, s;
-              line_stats(x, base, L.inner, L.C, 0, 1, m, s);
-              line_write<OP>(x, y, base, L.inner, L.C, 0, 1, m, s);
-            }
-          });
+  cpu_rows(L.lines, L.C, [&](std::int64_t l) {
+    const std::int64_t base = L.base(l);
+    T m, s;
+    line_stats(x, base, L.inner, L.C, 0, 1, m, s);
+    line_write<OP>(x, y, base, L.inner, L.C, 0, 1, m, s);
+  });
 }
 
 template <LineOp OP, class T>
 void cpu_softmax_backward(const Lines& L, const T* y, const T* g, T* gx) {
-  cpu_for(L.lines, std::max<std::int64_t>(1, kCpuGrain / std::max<std::int64_t>(1, L.C)),
-          [&](std::int64_t b, std::int64_t e) {
-            for (std::int64_t l = b; l < e; ++l) {
-              const std::int64_t base = L.base(l);
-              const T dot = line_dot<OP>(y, g, base, L.inner, L.C, 0, 1);
-              line_grad<OP>(y, g, gx, base, L.inner, L.C, 0, 1, dot);
-            }
-          });
+  cpu_rows(L.lines, L.C, [&](std::int64_t l) {
+    const std::int64_t base = L.base(l);
+    const T dot = line_dot<OP>(y, g, base, L.inner, L.C, 0, 1);
+    line_grad<OP>(y, g, gx, base, L.inner, L.C, 0, 1, dot);
+  });
 }
 
 template <class T, class Lab>
 void cpu_ce_forward(std::int64_t N, std::int64_t C, const T* x, const Lab* labels, T* row_loss,
                     T* stats) {
-  cpu_for(N, std::max<std::int64_t>(1, kCpuGrain / std::max<std::int64_t>(1, C)),
-          [&](std::int64_t b, std::int64_t e) {
-            for (std::int64_t r = b; r < e; ++r) {
-              T m, s;
-              line_stats(x, r * C, 1, C, 0, 1, m, s);
-              row_loss[r] = ce_row_finish(x, r, C, static_cast<std::int64_t>(labels[r]), m, s, stats);
-            }
-          });
+  cpu_rows(N, C, [&](std::int64_t r) {
+    T m, s;
+    line_stats(x, r * C, 1, C, 0, 1, m, s);
+    row_loss[r] = ce_row_finish(x, r, C, static_cast<std::int64_t>(labels[r]), m, s, stats);
+  });
 }
 
 // ---- CUDA drivers -----------------------------------------------------------------------------
@@ -204,34 +196,25 @@ struct MergeSum {
 template <int G, LineOp OP, class T>
 __global__ void __launch_bounds__(kLineBlock)
     softmax_forward_kernel(Lines L, const T* __restrict__ x, T* __restrict__ y) {
-  constexpr int kGroups = kLineBlock / G;
-  const int lane = static_cast<int>(threadIdx.x) % G;
-  const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * kGroups;
-  // G == block: the loop bound is uniform over the block (one line per block per iteration).
-  for (std::int64_t l = static_cast<std::int64_t>(blockIdx.x) * kGroups + threadIdx.x / G;
-       l < L.lines; l += step) {
+  for_each_group_row<G, kLineBlock>(L.lines, [&](std::int64_t l, int lane) {
     const std::int64_t base = L.base(l);
     T m, s;
     line_stats(x, base, L.inner, L.C, lane, G, m, s);
     group_allreduce<G>(m, s, MergeMaxSum{});
     line_write<OP>(x, y, base, L.inner, L.C, lane, G, m, s);
-  }
+  });
 }
 
 template <int G, LineOp OP, class T>
 __global__ void __launch_bounds__(kLineBlock)
     softmax_backward_kernel(Lines L, const T* __restrict__ y, const T* __restrict__ g,
                             T* __restrict__ gx) {
-  constexpr int kGroups = kLineBlock / G;
-  const int lane = static_cast<int>(threadIdx.x) % G;
-  const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * kGroups;
-  for (std::int64_t l = static_cast<std::int64_t>(blockIdx.x) * kGroups + threadIdx.x / G;
-       l < L.lines; l += step) {
+  for_each_group_row<G, kLineBlock>(L.lines, [&](std::int64_t l, int lane) {
     const std::int64_t base = L.base(l);
     T dot = line_dot<OP>(y, g, base, L.inner, L.C, lane, G), unused = T(0);
     group_allreduce<G>(dot, unused, MergeSum{});
     line_grad<OP>(y, g, gx, base, L.inner, L.C, lane, G, dot);
-  }
+  });
 }
 
 template <int G, class T, class Lab>
@@ -239,11 +222,7 @@ __global__ void __launch_bounds__(kLineBlock)
     ce_forward_kernel(std::int64_t N, std::int64_t C, const T* __restrict__ x,
                       const Lab* __restrict__ labels, T* __restrict__ row_loss,
                       T* __restrict__ stats, unsigned* __restrict__ bad) {
-  constexpr int kGroups = kLineBlock / G;
-  const int lane = static_cast<int>(threadIdx.x) % G;
-  const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * kGroups;
-  for (std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * kGroups + threadIdx.x / G; r < N;
-       r += step) {
+  for_each_group_row<G, kLineBlock>(N, [&](std::int64_t r, int lane) {
     T m, s;
     line_stats(x, r * C, 1, C, lane, G, m, s);
     group_allreduce<G>(m, s, MergeMaxSum{});
@@ -264,7 +243,7 @@ __global__ void __launch_bounds__(kLineBlock)
         stats[2 * r + 1] = nan;
       }
     }
-  }
+  });
 }
 
 /// Launch shape of a line kernel: threads per line and blocks.

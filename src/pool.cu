@@ -35,18 +35,25 @@ struct PoolGeometry {
   bool include_pad = true;
 };
 
-void check_input(const Tensor& x, Kind k) {
+/// Checks x and returns the input half of its geometry: N*C planes of H x W.
+PoolGeometry input_geometry(const Tensor& x, Kind k) {
   const char* op = op_name(k);
   check_defined(x, op, "x");
   DUALCAST_CHECK(x.rank() == 4, op, ": x must be a 4-D [N, C, H, W] tensor, got shape ",
                  x.shape().str(), " (rank ", x.rank(), ")");
   DUALCAST_CHECK(is_floating(x.dtype()), op, ": unsupported dtype ", dtype_name(x.dtype()),
                  " of x ", x.shape().str(), " (expected float32 or float64)");
+  const Shape& s = x.shape();
+  PoolGeometry g;
+  g.NC = s[0] * s[1];
+  g.H = s[2];
+  g.W = s[3];
+  return g;
 }
 
 PoolGeometry window_geometry(const Tensor& x, Kind k, Size2 kernel, Size2 stride, Size2 padding,
                              bool include_pad) {
-  check_input(x, k);
+  PoolGeometry g = input_geometry(x, k);
   const char* op = op_name(k);
   const Shape& s = x.shape();
   DUALCAST_CHECK(kernel.h >= 1 && kernel.w >= 1, op, ": kernel ", kernel.str(),
@@ -57,10 +64,6 @@ PoolGeometry window_geometry(const Tensor& x, Kind k, Size2 kernel, Size2 stride
                      2 * padding.w <= kernel.w,
                  op, ": padding ", padding.str(), " must be >= 0 and at most half the kernel ",
                  kernel.str(), " (x ", s.str(), ")");
-  PoolGeometry g;
-  g.NC = s[0] * s[1];
-  g.H = s[2];
-  g.W = s[3];
   g.kh = kernel.h;
   g.kw = kernel.w;
   g.sh = stride.h;
@@ -77,16 +80,12 @@ PoolGeometry window_geometry(const Tensor& x, Kind k, Size2 kernel, Size2 stride
 }
 
 PoolGeometry adaptive_geometry(const Tensor& x, Size2 output) {
-  check_input(x, Kind::adaptive);
+  PoolGeometry g = input_geometry(x, Kind::adaptive);
   const Shape& s = x.shape();
   DUALCAST_CHECK(output.h >= 1 && output.w >= 1, "adaptive_avg_pool2d: output size ", output.str(),
                  " must be >= 1 in both dimensions (x ", s.str(), ")");
   DUALCAST_CHECK(s[2] >= 1 && s[3] >= 1, "adaptive_avg_pool2d: x ", s.str(),
                  " has an empty spatial dimension");
-  PoolGeometry g;
-  g.NC = s[0] * s[1];
-  g.H = s[2];
-  g.W = s[3];
   g.OH = output.h;
   g.OW = output.w;
   return g;
@@ -100,6 +99,27 @@ DUALCAST_HD DUALCAST_INLINE std::int64_t adaptive_end(std::int64_t o, std::int64
   return div64((o + 1) * in + out - 1, out);
 }
 
+/// Element i of an [NC, n1, n2] tensor as (plane nc, i1, i2).
+DUALCAST_HD DUALCAST_INLINE void split_plane_index(std::int64_t i, std::int64_t n1, std::int64_t n2,
+                                                   std::int64_t& nc, std::int64_t& i1, std::int64_t& i2) {
+  const std::int64_t t = div64(i, n2);
+  i2 = i - t * n2;
+  nc = div64(t, n1);
+  i1 = t - nc * n1;
+}
+
+/// The window of output (oh, ow) clipped to the input: rows [h0, h1), columns [w0, w1).
+DUALCAST_HD DUALCAST_INLINE void clipped_window(const PoolGeometry& g, std::int64_t oh, std::int64_t ow,
+                                                std::int64_t& h0, std::int64_t& h1, std::int64_t& w0,
+                                                std::int64_t& w1) {
+  h0 = oh * g.sh - g.ph;
+  w0 = ow * g.sw - g.pw;
+  h1 = h0 + g.kh < g.H ? h0 + g.kh : g.H;
+  w1 = w0 + g.kw < g.W ? w0 + g.kw : g.W;
+  h0 = h0 < 0 ? 0 : h0;
+  w0 = w0 < 0 ? 0 : w0;
+}
+
 template <class T>
 struct MaxForward {
   const T* x;
@@ -107,12 +127,9 @@ struct MaxForward {
   std::int32_t* arg;
   PoolGeometry g;
   DUALCAST_HD void operator()(std::int64_t i) const {
-    const std::int64_t t = div64(i, g.OW), ow = i - t * g.OW;
-    const std::int64_t nc = div64(t, g.OH), oh = t - nc * g.OH;
-    std::int64_t h0 = oh * g.sh - g.ph, w0 = ow * g.sw - g.pw;
-    const std::int64_t h1 = h0 + g.kh < g.H ? h0 + g.kh : g.H, w1 = w0 + g.kw < g.W ? w0 + g.kw : g.W;
-    h0 = h0 < 0 ? 0 : h0;
-    w0 = w0 < 0 ? 0 : w0;
+    std::int64_t nc, oh, ow, h0, h1, w0, w1;
+    split_plane_index(i, g.OH, g.OW, nc, oh, ow);
+    clipped_window(g, oh, ow, h0, h1, w0, w1);
     const T* plane = x + nc * g.H * g.W;
     std::int64_t best_at = h0 * g.W + w0;
     T best = -std::numeric_limits<T>::infinity();
@@ -147,9 +164,8 @@ struct MaxBackward {
   PoolGeometry g;
   bool accumulate;
   DUALCAST_HD void operator()(std::int64_t i) const {
-    const std::int64_t t = div64(i, g.W), iw = i - t * g.W;
-    const std::int64_t nc = div64(t, g.H), ih = t - nc * g.H;
-    std::int64_t oh0, oh1, ow0, ow1;
+    std::int64_t nc, ih, iw, oh0, oh1, ow0, ow1;
+    split_plane_index(i, g.H, g.W, nc, ih, iw);
     window_range(ih, g.ph, g.kh, g.sh, g.OH, oh0, oh1);
     window_range(iw, g.pw, g.kw, g.sw, g.OW, ow0, ow1);
     const auto me = static_cast<std::int32_t>(ih * g.W + iw);
@@ -171,9 +187,8 @@ struct AvgForward {
   PoolGeometry g;
   bool adaptive;
   DUALCAST_HD void operator()(std::int64_t i) const {
-    const std::int64_t t = div64(i, g.OW), ow = i - t * g.OW;
-    const std::int64_t nc = div64(t, g.OH), oh = t - nc * g.OH;
-    std::int64_t h0, h1, w0, w1, divisor;
+    std::int64_t nc, oh, ow, h0, h1, w0, w1, divisor;
+    split_plane_index(i, g.OH, g.OW, nc, oh, ow);
     if (adaptive) {
       h0 = adaptive_start(oh, g.H, g.OH);
       h1 = adaptive_end(oh, g.H, g.OH);
@@ -181,12 +196,7 @@ struct AvgForward {
       w1 = adaptive_end(ow, g.W, g.OW);
       divisor = (h1 - h0) * (w1 - w0);
     } else {
-      h0 = oh * g.sh - g.ph;
-      w0 = ow * g.sw - g.pw;
-      h1 = h0 + g.kh < g.H ? h0 + g.kh : g.H;
-      w1 = w0 + g.kw < g.W ? w0 + g.kw : g.W;
-      h0 = h0 < 0 ? 0 : h0;
-      w0 = w0 < 0 ? 0 : w0;
+      clipped_window(g, oh, ow, h0, h1, w0, w1);
       divisor = g.include_pad ? g.kh * g.kw : (h1 - h0) * (w1 - w0);
     }
     const T* plane = x + nc * g.H * g.W;
@@ -205,8 +215,8 @@ struct AvgBackward {
   bool adaptive;
   bool accumulate;
   DUALCAST_HD void operator()(std::int64_t i) const {
-    const std::int64_t t = div64(i, g.W), iw = i - t * g.W;
-    const std::int64_t nc = div64(t, g.H), ih = t - nc * g.H;
+    std::int64_t nc, ih, iw;
+    split_plane_index(i, g.H, g.W, nc, ih, iw);
     const std::int64_t base = nc * g.OH * g.OW;
     T acc = T(0);
     if (adaptive) {
@@ -228,11 +238,8 @@ struct AvgBackward {
         for (std::int64_t ow = ow0; ow <= ow1; ++ow) {
           std::int64_t divisor = g.kh * g.kw;
           if (!g.include_pad) {
-            std::int64_t h0 = oh * g.sh - g.ph, w0 = ow * g.sw - g.pw;
-            const std::int64_t h1 = h0 + g.kh < g.H ? h0 + g.kh : g.H;
-            const std::int64_t w1 = w0 + g.kw < g.W ? w0 + g.kw : g.W;
-            h0 = h0 < 0 ? 0 : h0;
-            w0 = w0 < 0 ? 0 : w0;
+            std::int64_t h0, h1, w0, w1;
+            clipped_window(g, oh, ow, h0, h1, w0, w1);
             divisor = (h1 - h0) * (w1 - w0);
           }
           acc += gy[base + oh * g.OW + ow] / static_cast<T>(divisor);

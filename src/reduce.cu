@@ -52,6 +52,19 @@ void broadcast_copy_flat(Device d, T* out, const T* x, std::int64_t n, Broadcast
   });
 }
 
+/// Row r of the row-wise broadcast copy: dst[c] = src[c * ls] * scale for c = c0, c0 + step, ... < L,
+/// where the outer indexer places row r's source and rows of the output are contiguous.
+template <class T, class I>
+DUALCAST_HD DUALCAST_INLINE void copy_row(T* __restrict__ out, const T* __restrict__ x,
+                                          const BroadcastIndexer<1>& outer, std::int64_t r, I L,
+                                          std::int64_t ls, T scale, I c0, I step) {
+  std::int64_t off[1];
+  outer.offsets(r, off);
+  const T* src = x + off[0];
+  T* dst = out + r * L;
+  for (I c = c0; c < L; c += step) dst[c] = src[c * ls] * scale;
+}
+
 #if defined(__CUDACC__)
 /// Long rows (the innermost collapsed output dimension, L >= 64): the source offset of a row is
 /// computed once per block and row (blockIdx.y strides over rows); the block's threads write at
@@ -62,15 +75,9 @@ __global__ void __launch_bounds__(kReduceBlock)
     broadcast_rows_kernel(T* __restrict__ out, const T* __restrict__ x, std::int64_t rows,
                           std::int64_t L, std::int64_t ls, BroadcastIndexer<1> outer, T scale) {
   const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
-    std::int64_t off[1];
-    outer.offsets(r, off);
-    const T* src = x + off[0];
-    T* dst = out + r * L;
-    for (std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < L;
-         c += step)
-      dst[c] = src[c * ls] * scale;
-  }
+  for (std::int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+    copy_row(out, x, outer, r, L, ls, scale,
+             static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x, step);
 }
 
 /// Short rows (L < 64): a thread per row.
@@ -80,13 +87,8 @@ __global__ void __launch_bounds__(kReduceBlock)
                                 int L, std::int64_t ls, BroadcastIndexer<1> outer, T scale) {
   const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < rows;
-       r += step) {
-    std::int64_t off[1];
-    outer.offsets(r, off);
-    const T* src = x + off[0];
-    T* dst = out + r * L;
-    for (int c = 0; c < L; ++c) dst[c] = src[c * ls] * scale;
-  }
+       r += step)
+    copy_row(out, x, outer, r, L, ls, scale, 0, 1);
 }
 #endif
 
@@ -114,13 +116,7 @@ void broadcast_copy_typed(Device d, T* out, const T* x, std::int64_t n, Broadcas
   outer.rank = ix.rank - 1;
   if (d.is_cpu()) {
     cpu_for(rows, std::max<std::int64_t>(1, kCpuGrain / L), [&](std::int64_t b, std::int64_t e) {
-      for (std::int64_t r = b; r < e; ++r) {
-        std::int64_t off[1];
-        outer.offsets(r, off);
-        const T* src = x + off[0];
-        T* dst = out + r * L;
-        for (std::int64_t c = 0; c < L; ++c) dst[c] = src[c * ls] * scale;
-      }
+      for (std::int64_t r = b; r < e; ++r) copy_row<T, std::int64_t>(out, x, outer, r, L, ls, scale, 0, 1);
     });
     return;
   }

@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "dualcast/call_args.hpp"
 #include "dualcast/dual.hpp"
 #include "dualcast/error.hpp"
 #include "dualcast/indexing.hpp"
@@ -49,37 +50,7 @@ inline const char* partials_name(Partials p) {
 namespace detail {
 
 // ---- compile-time description of the argument list -----------------------------------------------
-enum ArgKind : int { kVarArg = 0, kTensorArg = 1, kNumberArg = 2, kBadArg = -1 };
-
-template <class A>
-inline constexpr int arg_kind_v = std::is_same_v<std::remove_cvref_t<A>, Var>      ? kVarArg
-                                  : std::is_same_v<std::remove_cvref_t<A>, Tensor> ? kTensorArg
-                                  : std::is_arithmetic_v<std::remove_cvref_t<A>>   ? kNumberArg
-                                                                                   : kBadArg;
-
-template <class... Args>
-struct ArgList {
-  static constexpr int count = static_cast<int>(sizeof...(Args));
-  static constexpr std::array<int, sizeof...(Args)> kinds{arg_kind_v<Args>...};
-  static constexpr int vars = ((arg_kind_v<Args> == kVarArg ? 1 : 0) + ... + 0);
-  static constexpr std::array<int, sizeof...(Args)> slots = [] {
-    std::array<int, sizeof...(Args)> s{};
-    int k = 0;
-    for (std::size_t a = 0; a < s.size(); ++a)
-      s[a] = kinds[a] == kVarArg ? k++ : kinds[a] == kNumberArg ? kNumberSlot : kTensorSlot;
-    return s;
-  }();
-  template <std::size_t... I>
-  static auto slot_seq(std::index_sequence<I...>) -> std::integer_sequence<int, slots[I]...>;
-  using Slots = decltype(slot_seq(std::make_index_sequence<sizeof...(Args)>{}));
-};
-
-/// The type argument a is passed to f as: Dual<T, K> for a Var (when differentiating), else T.
-template <class T, int K, bool DUAL, class A>
-using arg_type_t = std::conditional_t<DUAL && arg_kind_v<A> == kVarArg && (K > 0), Dual<T, (K > 0 ? K : 1)>, T>;
-
-template <class F, class T, int K, bool DUAL, class... Args>
-inline constexpr bool callable_v = std::is_invocable_v<const F&, arg_type_t<T, K, DUAL, Args>...>;
+// ArgList, arg_kind_v, arg_type_t and callable_v: call_args.hpp.
 
 template <class F, class T, int K, bool DUAL, class... Args>
 struct ResultOf {
@@ -98,23 +69,7 @@ struct ResultFor<false, F, T, K, Args...> {
 };
 
 // ---- runtime description of one call ---------------------------------------------------------------
-struct ArgInfo {
-  Tensor tensor;          ///< undefined for a number
-  double number = 0.0;    ///< the number, for a number argument
-  int kind = kNumberArg;
-};
-
-template <class A>
-ArgInfo describe_arg(const A& a) {
-  ArgInfo info;
-  info.kind = arg_kind_v<A>;
-  if constexpr (arg_kind_v<A> == kVarArg) {
-    if (a.defined()) info.tensor = a.value();  // an undefined Var: plan_broadcast names it
-  }
-  else if constexpr (arg_kind_v<A> == kTensorArg) info.tensor = a;
-  else info.number = static_cast<double>(a);
-  return info;
-}
+// ArgInfo and describe_arg: call_args.hpp.
 
 /// Shape checks, dtype and device of a broadcast call; converts uint8 masks to the element type.
 struct CallPlan {
@@ -124,8 +79,6 @@ struct CallPlan {
   std::vector<ArgInfo> args;
 };
 CallPlan plan_broadcast(std::vector<ArgInfo> args);
-
-inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
 /// The operands of a call for element type T, and which path (fast or general) can run it with
 /// chunks of V elements.
@@ -355,11 +308,6 @@ auto broadcast_typed(Partials policy, const F& f, CallPlan plan, const std::vect
     for (int m = 0; m < M; ++m) arr[static_cast<std::size_t>(m)] = results[static_cast<std::size_t>(m)];
     return arr;
   }
-}
-
-template <class A>
-void collect_var(std::vector<Var>& vars, const A& a) {
-  if constexpr (arg_kind_v<A> == kVarArg) vars.push_back(a);
 }
 
 template <bool kStorable, class F, class... Args>

@@ -34,6 +34,7 @@
 #include <utility>
 #include <vector>
 
+#include "dualcast/call_args.hpp"
 #include "dualcast/dual.hpp"
 #include "dualcast/error.hpp"
 #include "dualcast/math.hpp"
@@ -46,53 +47,16 @@ namespace dualcast {
 
 namespace detail {
 
-enum CbArgKind : int { kCbVar = 0, kCbTensor = 1, kCbNumber = 2, kCbBad = -1 };
-
-template <class A>
-inline constexpr int cb_kind_v = std::is_same_v<std::remove_cvref_t<A>, Var>      ? kCbVar
-                                 : std::is_same_v<std::remove_cvref_t<A>, Tensor> ? kCbTensor
-                                 : std::is_arithmetic_v<std::remove_cvref_t<A>>   ? kCbNumber
-                                                                                  : kCbBad;
-
-template <class... Args>
-struct CbArgList {
-  static constexpr int count = static_cast<int>(sizeof...(Args));
-  static constexpr std::array<int, sizeof...(Args)> kinds{cb_kind_v<Args>...};
-  static constexpr int vars = ((cb_kind_v<Args> == kCbVar ? 1 : 0) + ... + 0);
-  static constexpr std::array<int, sizeof...(Args)> slots = [] {
-    std::array<int, sizeof...(Args)> s{};
-    int k = 0;
-    for (std::size_t a = 0; a < s.size(); ++a) s[a] = kinds[a] == kCbVar ? k++ : -1;
-    return s;
-  }();
-  template <std::size_t... I>
-  static auto slot_seq(std::index_sequence<I...>) -> std::integer_sequence<int, slots[I]...>;
-  using Slots = decltype(slot_seq(std::make_index_sequence<sizeof...(Args)>{}));
-};
-
-/// The type argument a is passed to f as: Dual<T, K> for a Var when DUAL, else T.
-template <class T, int K, bool DUAL, class A>
-using cb_arg_t = std::conditional_t<DUAL && cb_kind_v<A> == kCbVar && (K > 0), Dual<T, (K > 0 ? K : 1)>, T>;
-
-template <class F, class T, int K, bool DUAL, class... Args>
-inline constexpr bool cb_callable_v = std::is_invocable_v<const F&, cb_arg_t<T, K, DUAL, Args>...>;
-
 /// One argument of a call, as the plan sees it.
-struct ChannelArg {
-  Tensor tensor;        ///< undefined for a number
-  double number = 0.0;  ///< the number, for a number argument
-  int kind = kCbNumber;
+struct ChannelArg : ArgInfo {
   int access = static_cast<int>(ChannelAccess::number);  ///< filled in by the plan
 };
 
 template <class A>
 ChannelArg describe_channel_arg(const A& a) {
-  ChannelArg info;
-  info.kind = cb_kind_v<A>;
-  if constexpr (cb_kind_v<A> == kCbVar) info.tensor = a.value();
-  else if constexpr (cb_kind_v<A> == kCbTensor) info.tensor = a;
-  else info.number = static_cast<double>(a);
-  return info;
+  // channel_broadcast has always reported an undefined Var through Var::value's own message.
+  if constexpr (arg_kind_v<A> == kVarArg) (void)a.value();
+  return ChannelArg{describe_arg(a)};
 }
 
 /// Checks of a call: one device, one floating dtype (uint8 masks are converted), the output shape
@@ -129,8 +93,6 @@ ChannelOperands<T, NA> make_channel_operands(const ChannelPlan& plan) {
   return ops;
 }
 
-inline bool cb_aligned(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
-
 template <class F, class T, int K, class Slots>
 class ChannelBroadcastNode final : public Node {
  public:
@@ -149,12 +111,12 @@ class ChannelBroadcastNode final : public Node {
     body.adj = g.template data<T>();
     body.M = plan_.N * plan_.inner;
     body.S = channel_slices(dev, plan_.C, body.M);
-    if (!cb_aligned(body.adj)) body.ops.vec = false;
+    if (!aligned16(body.adj)) body.ops.vec = false;
 
     // Slot k -> argument index.
     std::array<int, K> arg_of{};
     for (int a = 0, k = 0; a < NA; ++a)
-      if (plan_.args[static_cast<std::size_t>(a)].kind == kCbVar) arg_of[static_cast<std::size_t>(k++)] = a;
+      if (plan_.args[static_cast<std::size_t>(a)].kind == kVarArg) arg_of[static_cast<std::size_t>(k++)] = a;
 
     std::array<Tensor, K> buffers;
     std::array<int, K> mode{};  // 0 none, 1 fresh -> becomes the gradient, 2 in place, 3 accumulate
@@ -183,7 +145,7 @@ class ChannelBroadcastNode final : public Node {
         mode[static_cast<std::size_t>(k)] = (!dup && !in->grad.defined()) ? 1 : 3;
       }
       body.gout[k] = buf.template data<T>();
-      if (!cb_aligned(body.gout[k])) body.ops.vec = false;
+      if (!aligned16(body.gout[k])) body.ops.vec = false;
     }
     Tensor partial;
     if (reduced > 0) {
@@ -229,11 +191,11 @@ class ChannelBroadcastNode final : public Node {
 
 template <class T, class F, class... Args>
 Var channel_broadcast_typed(const F& f, ChannelPlan plan, const std::vector<Var>& vars) {
-  using List = CbArgList<Args...>;
+  using List = ArgList<Args...>;
   constexpr int K = List::vars;
   constexpr int NA = List::count;
   using Slots = typename List::Slots;
-  constexpr bool plain_ok = cb_callable_v<F, T, K, false, Args...>;
+  constexpr bool plain_ok = callable_v<F, T, K, false, Args...>;
 
   Tensor out = Tensor::empty(plan.out_shape, plan.dtype, plan.device);
   const std::int64_t n = out.numel();
@@ -242,7 +204,7 @@ Var channel_broadcast_typed(const F& f, ChannelPlan plan, const std::vector<Var>
     ChannelForwardBody<T, K, !plain_ok, F, Slots> body{f};
     body.ops = make_channel_operands<T, NA>(plan);
     body.out = out.template data<T>();
-    if (!cb_aligned(body.out)) body.ops.vec = false;
+    if (!aligned16(body.out)) body.ops.vec = false;
     parallel_for(plan.device, (n + V - 1) / V, body, kCpuGrain / V);
   }
   std::shared_ptr<Node> node;
@@ -253,11 +215,6 @@ Var channel_broadcast_typed(const F& f, ChannelPlan plan, const std::vector<Var>
   return record1(std::move(node), vars, std::move(out));
 }
 
-template <class A>
-void cb_collect_var(std::vector<Var>& vars, const A& a) {
-  if constexpr (cb_kind_v<A> == kCbVar) vars.push_back(a);
-}
-
 }  // namespace detail
 
 /// Applies f elementwise over NCHW arguments (full-size [N, C, *], per-channel [C] / [1, C, 1, ..],
@@ -266,17 +223,17 @@ void cb_collect_var(std::vector<Var>& vars, const A& a) {
 /// gradients. Returns the output, of the full-size arguments' shape.
 template <class F, class... Args>
 Var channel_broadcast(const F& f, const Args&... args) {
-  static_assert(((detail::cb_kind_v<Args> != detail::kCbBad) && ...),
+  static_assert(((detail::arg_kind_v<Args> != detail::kBadArg) && ...),
                 "channel_broadcast: every argument must be a dualcast::Var (differentiated), a "
                 "dualcast::Tensor (constant) or a plain number");
-  using List = detail::CbArgList<Args...>;
+  using List = detail::ArgList<Args...>;
   constexpr int K = List::vars;
   static_assert(K <= 16, "channel_broadcast: at most 16 Var arguments");
   static_assert(!detail::is_device_only_lambda<F>,
                 "channel_broadcast: f must run on the host too (a functor with a DUALCAST_HD "
                 "operator() or a DUALCAST_HD lambda with explicit parameter types)");
-  constexpr bool float_ok = detail::cb_callable_v<F, float, K, (K > 0), Args...>;
-  constexpr bool double_ok = detail::cb_callable_v<F, double, K, (K > 0), Args...>;
+  constexpr bool float_ok = detail::callable_v<F, float, K, (K > 0), Args...>;
+  constexpr bool double_ok = detail::callable_v<F, double, K, (K > 0), Args...>;
   static_assert(float_ok || double_ok,
                 "channel_broadcast: f cannot be called with these arguments. Each Var argument is "
                 "passed as Dual<T, K> (K = number of Var arguments) and each Tensor or number as T "
@@ -285,7 +242,7 @@ Var channel_broadcast(const F& f, const Args&... args) {
 
   detail::ChannelPlan plan = detail::plan_channel_broadcast({detail::describe_channel_arg(args)...});
   std::vector<Var> vars;
-  (detail::cb_collect_var(vars, args), ...);
+  (detail::collect_var(vars, args), ...);
   if (plan.dtype == DType::float32) {
     if constexpr (float_ok) return detail::channel_broadcast_typed<float, F, Args...>(f, std::move(plan), vars);
   } else {
