@@ -89,18 +89,8 @@ std::vector<double> naive_attention(const Case& c, const Tensor& q, const Tensor
   return out;
 }
 
-/// max |got - want| / max(1, max |want|): the error of a whole array, NaN -> infinity.
-double array_error(const std::vector<double>& got, const std::vector<double>& want) {
-  EXPECT_EQ(got.size(), want.size());
-  double worst = 0.0, scale = 1.0;
-  for (double w : want) scale = std::max(scale, std::fabs(w));
-  for (std::size_t i = 0; i < got.size() && i < want.size(); ++i) {
-    const double e = std::fabs(got[i] - want[i]);
-    if (std::isnan(e)) return INFINITY;
-    worst = std::max(worst, e);
-  }
-  return worst / scale;
-}
+/// Whole arrays are compared in the max norm, values below 1 absolutely (array_error, gradcheck.hpp).
+constexpr ErrorScale kWholeArray = ErrorScale::largest_or_one;
 
 struct Inputs {
   Tensor q, k, v, mask;
@@ -156,7 +146,7 @@ TEST_P(Attention, ComposedMatchesNaiveLoopForEveryMaskAndBroadcastPattern) {
                                                         options(c, in.mask, AttentionImpl::composed, scale));
         ASSERT_EQ(out.shape(), (Shape{c.B, c.H, c.Sq, c.Dv})) << c.str();
         const double sc = scale != 0.0 ? scale : 1.0 / std::sqrt(static_cast<double>(c.D));
-        EXPECT_LE(array_error(out.to_vector<double>(), naive_attention(c, in.q, in.k, in.v, in.mask, sc)),
+        EXPECT_LE(array_error(out.to_vector<double>(), naive_attention(c, in.q, in.k, in.v, in.mask, sc), kWholeArray),
                   dt == DType::float64 ? 1e-12 : kGradTolFloat)
             << dtype_name(dt) << " " << c.str() << " scale " << scale;
       }
@@ -174,7 +164,7 @@ TEST_P(Attention, FusedMatchesNaiveLoopForEveryMaskAndBroadcastPattern) {
       const Tensor out =
           scaled_dot_product_attention(in.q, in.k, in.v, options(c, in.mask, AttentionImpl::fused));
       const double sc = 1.0 / std::sqrt(static_cast<double>(c.D));
-      EXPECT_LE(array_error(out.to_vector<double>(), naive_attention(c, in.q, in.k, in.v, in.mask, sc)),
+      EXPECT_LE(array_error(out.to_vector<double>(), naive_attention(c, in.q, in.k, in.v, in.mask, sc), kWholeArray),
                 dt == DType::float64 ? 1e-12 : kGradTolFloat)
           << dtype_name(dt) << " " << c.str();
     }
@@ -257,10 +247,10 @@ void expect_fused_equals_composed(const Case& c, Device dev, DType dt, std::uint
   const AllResults r = run_with_grads(in, options(c, in.mask, AttentionImpl::composed), seed + 7);
   const double tol = dt == DType::float64 ? kSameResultTolDouble : kSameResultTolFloat;
   const std::string what = std::string(dtype_name(dt)) + " " + c.str();
-  EXPECT_LE(array_error(f.out, r.out), tol) << "out " << what;
-  EXPECT_LE(array_error(f.dq, r.dq), tol) << "dq " << what;
-  EXPECT_LE(array_error(f.dk, r.dk), tol) << "dk " << what;
-  EXPECT_LE(array_error(f.dv, r.dv), tol) << "dv " << what;
+  EXPECT_LE(array_error(f.out, r.out, kWholeArray), tol) << "out " << what;
+  EXPECT_LE(array_error(f.dq, r.dq, kWholeArray), tol) << "dq " << what;
+  EXPECT_LE(array_error(f.dk, r.dk, kWholeArray), tol) << "dk " << what;
+  EXPECT_LE(array_error(f.dv, r.dv, kWholeArray), tol) << "dv " << what;
 }
 
 TEST_P(Attention, FusedEqualsComposedOverHeadDimsAndLengthsAcrossTiles) {
@@ -405,10 +395,10 @@ TEST_P(Attention, GpuEqualsCpu) {
   const AllResults cpu = run_with_grads(h, options(c, h.mask, AttentionImpl::composed), 5);
   for (AttentionImpl impl : impls()) {
     const AllResults gpu = run_with_grads(g, options(c, g.mask, impl), 5);
-    EXPECT_LE(array_error(gpu.out, cpu.out), kSameResultTolDouble) << attention_impl_name(impl);
-    EXPECT_LE(array_error(gpu.dq, cpu.dq), kSameResultTolDouble) << attention_impl_name(impl);
-    EXPECT_LE(array_error(gpu.dk, cpu.dk), kSameResultTolDouble) << attention_impl_name(impl);
-    EXPECT_LE(array_error(gpu.dv, cpu.dv), kSameResultTolDouble) << attention_impl_name(impl);
+    EXPECT_LE(array_error(gpu.out, cpu.out, kWholeArray), kSameResultTolDouble) << attention_impl_name(impl);
+    EXPECT_LE(array_error(gpu.dq, cpu.dq, kWholeArray), kSameResultTolDouble) << attention_impl_name(impl);
+    EXPECT_LE(array_error(gpu.dk, cpu.dk, kWholeArray), kSameResultTolDouble) << attention_impl_name(impl);
+    EXPECT_LE(array_error(gpu.dv, cpu.dv, kWholeArray), kSameResultTolDouble) << attention_impl_name(impl);
   }
 }
 
@@ -419,7 +409,7 @@ TEST_P(Attention, TensorFormEqualsVarForm) {
     const AttentionOptions o = options(c, Tensor(), impl);
     const Tensor a = scaled_dot_product_attention(in.q, in.k, in.v, o);
     const Var b = scaled_dot_product_attention(Var::param(in.q), Var(in.k), Var(in.v), o);
-    EXPECT_EQ(array_error(a.to_vector<double>(), b.value().to_vector<double>()), 0.0)
+    EXPECT_EQ(array_error(a.to_vector<double>(), b.value().to_vector<double>(), kWholeArray), 0.0)
         << attention_impl_name(impl);
   }
 }

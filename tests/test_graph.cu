@@ -123,19 +123,6 @@ class GraphDevices : public ::testing::TestWithParam<Device> {};
 
 // ---- capture and replay equal eager execution ------------------------------------------------------
 
-namespace {
-/// max |a - b| / max(1, |b|) over two equally long lists (infinity for a length mismatch or NaN).
-double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  if (a.size() != b.size()) return INFINITY;
-  double m = 0.0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    const double d = std::fabs(static_cast<double>(a[i]) - b[i]) / std::max(1.0, std::fabs(static_cast<double>(b[i])));
-    if (!(d <= m)) m = std::isnan(d) ? INFINITY : d;
-  }
-  return m;
-}
-}  // namespace
-
 // The same kernels in the same order: identical results. The CPU replay is literally the eager code;
 // on a GPU identity also needs cuBLAS to pick the same algorithms with and without capture (same
 // handle, same workspace), so there the test holds the runs to 1e-6 and reports whether they are
@@ -149,10 +136,10 @@ TEST_P(GraphDevices, MlpTrainingLoopReplayedEqualsEager) {
     const TrainRun replay = replay_run(d, which, 8);
     ASSERT_EQ(replay.params.size(), eager.params.size());
     bool bitwise = replay.losses == eager.losses;
-    double worst = max_rel_diff(replay.losses, eager.losses);
+    double worst = array_error(replay.losses, eager.losses, ErrorScale::elementwise);
     for (std::size_t k = 0; k < eager.params.size(); ++k) {
       bitwise = bitwise && replay.params[k] == eager.params[k];
-      worst = std::max(worst, max_rel_diff(replay.params[k], eager.params[k]));
+      worst = std::max(worst, array_error(replay.params[k], eager.params[k], ErrorScale::elementwise));
     }
     if (d.is_cpu()) EXPECT_TRUE(bitwise) << opt << ": max rel diff " << worst;
     EXPECT_LE(worst, 1e-6) << opt;

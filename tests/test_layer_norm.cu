@@ -33,12 +33,8 @@ std::vector<double> naive_layer_norm(const Tensor& x, const Tensor& gamma, const
   return y;
 }
 
-double worst_error(const std::vector<double>& got, const std::vector<double>& want) {
-  EXPECT_EQ(got.size(), want.size());
-  double w = 0.0;
-  for (std::size_t i = 0; i < got.size() && i < want.size(); ++i) w = std::fmax(w, relative_error(got[i], want[i]));
-  return w;
-}
+/// Each element against its reference (array_error, gradcheck.hpp).
+constexpr ErrorScale kEachElement = ErrorScale::elementwise;
 
 class LayerNorm : public ::testing::TestWithParam<Device> {
  protected:
@@ -60,7 +56,7 @@ TEST_P(LayerNorm, MatchesNaiveLoopWithAndWithoutAffineParameters) {
         for (double eps : {1e-5, 0.1}) {
           const Tensor y = layer_norm(x, g, b, eps);
           ASSERT_EQ(y.shape(), s);
-          EXPECT_LE(worst_error(y.to_vector<double>(), naive_layer_norm(x, g, b, eps)),
+          EXPECT_LE(array_error(y.to_vector<double>(), naive_layer_norm(x, g, b, eps), kEachElement),
                     dt == DType::float64 ? 1e-12 : kGradTolFloat)
               << dtype_name(dt) << " " << s.str() << " affine " << affine << " eps " << eps;
         }
@@ -71,7 +67,8 @@ TEST_P(LayerNorm, Float32KeepsAccuracyUnderALargeCommonOffset) {
   // x = 1e4 + N(0, 1): a one-pass E[x^2] - E[x]^2 would lose every digit in float32.
   const Tensor x = Tensor::randn({16, 256}, dev(), 3) + 1e4;
   const Tensor y = layer_norm(x, Tensor(), Tensor());
-  EXPECT_LE(worst_error(y.to_vector<double>(), naive_layer_norm(x, Tensor(), Tensor(), kLayerNormEps)), 2e-3);
+  EXPECT_LE(array_error(y.to_vector<double>(),
+                        naive_layer_norm(x, Tensor(), Tensor(), kLayerNormEps), kEachElement), 2e-3);
 }
 
 TEST_P(LayerNorm, GradientsMatchFiniteDifferences) {
@@ -118,7 +115,8 @@ TEST_P(LayerNorm, GpuEqualsCpu) {
     res[k] = {y.value().to_vector<double>(), xv.grad().to_vector<double>(), gv.grad().to_vector<double>(),
               bv.grad().to_vector<double>()};
   }
-  for (std::size_t i = 0; i < 4; ++i) EXPECT_LE(worst_error(res[0][i], res[1][i]), 1e-12) << "output " << i;
+  for (std::size_t i = 0; i < 4; ++i)
+    EXPECT_LE(array_error(res[0][i], res[1][i], kEachElement), 1e-12) << "output " << i;
 }
 
 TEST_P(LayerNorm, BadArgumentsAreErrorsNamingTheArgumentAndShapes) {

@@ -62,14 +62,8 @@ std::vector<double> naive_matmul(const Tensor& a, const Tensor& b, bool ta, bool
   return c;
 }
 
-/// Worst relative_error (gradcheck.hpp) between two equally long vectors.
-double worst_error(const std::vector<double>& got, const std::vector<double>& want) {
-  EXPECT_EQ(got.size(), want.size());
-  double worst = 0.0;
-  for (std::size_t i = 0; i < got.size() && i < want.size(); ++i)
-    worst = std::fmax(worst, relative_error(got[i], want[i]));
-  return worst;
-}
+/// Each element against its reference (array_error, gradcheck.hpp).
+constexpr ErrorScale kEachElement = ErrorScale::elementwise;
 
 /// Relative tolerance of a float GEMM against the double reference: the sum of k products of
 /// O(1) numbers carries about sqrt(k) ulps of float rounding, far inside kGradTolFloat.
@@ -100,7 +94,7 @@ TEST_P(Matmul, MatchesNaiveLoopForEveryTransposeCombination) {
         ASSERT_EQ(c.shape(), (Shape{d.m, d.n})) << flags_str(f);
         EXPECT_EQ(c.dtype(), dt);
         EXPECT_EQ(c.device(), dev());
-        EXPECT_LE(worst_error(c.to_vector<double>(), naive_matmul(a, b, f.ta, f.tb)),
+        EXPECT_LE(array_error(c.to_vector<double>(), naive_matmul(a, b, f.ta, f.tb), kEachElement),
                   tolerance_for(dt))
             << dtype_name(dt) << " m=" << d.m << " k=" << d.k << " n=" << d.n << " " << flags_str(f);
       }
@@ -116,7 +110,7 @@ TEST_P(Matmul, BatchedMatchesNaiveLoopForEveryTransposeCombination) {
           const Tensor b = Tensor::randn(stored(batch, d.k, d.n, f.tb), dev(), seed++, dt);
           const Tensor c = matmul(a, b, f.ta, f.tb);
           ASSERT_EQ(c.shape(), (Shape{batch, d.m, d.n}));
-          EXPECT_LE(worst_error(c.to_vector<double>(), naive_matmul(a, b, f.ta, f.tb)),
+          EXPECT_LE(array_error(c.to_vector<double>(), naive_matmul(a, b, f.ta, f.tb), kEachElement),
                     tolerance_for(dt))
               << dtype_name(dt) << " batch=" << batch << " " << flags_str(f);
         }
@@ -132,7 +126,7 @@ TEST_P(Matmul, SharedOperandIsBroadcastOverTheBatch) {
         const Tensor b2 = Tensor::randn(stored(0, d.k, d.n, f.tb), dev(), seed++, dt);
         const Tensor c1 = matmul(a3, b2, f.ta, f.tb);
         ASSERT_EQ(c1.shape(), (Shape{3, d.m, d.n}));
-        EXPECT_LE(worst_error(c1.to_vector<double>(), naive_matmul(a3, b2, f.ta, f.tb)),
+        EXPECT_LE(array_error(c1.to_vector<double>(), naive_matmul(a3, b2, f.ta, f.tb), kEachElement),
                   tolerance_for(dt))
             << "3-D x 2-D " << dtype_name(dt) << " " << flags_str(f);
         // 2-D x 3-D
@@ -140,7 +134,7 @@ TEST_P(Matmul, SharedOperandIsBroadcastOverTheBatch) {
         const Tensor b3 = Tensor::randn(stored(3, d.k, d.n, f.tb), dev(), seed++, dt);
         const Tensor c2 = matmul(a2, b3, f.ta, f.tb);
         ASSERT_EQ(c2.shape(), (Shape{3, d.m, d.n}));
-        EXPECT_LE(worst_error(c2.to_vector<double>(), naive_matmul(a2, b3, f.ta, f.tb)),
+        EXPECT_LE(array_error(c2.to_vector<double>(), naive_matmul(a2, b3, f.ta, f.tb), kEachElement),
                   tolerance_for(dt))
             << "2-D x 3-D " << dtype_name(dt) << " " << flags_str(f);
       }
@@ -265,7 +259,7 @@ TEST_P(Matmul, TensorOverloadAndNoGradGuardRecordNothing) {
   EXPECT_EQ(autograd_stats().nodes_created, before);
   const Var e = matmul(p, b);
   EXPECT_EQ(autograd_stats().nodes_created, before + 1);
-  EXPECT_LE(worst_error(c.to_vector<double>(), e.value().to_vector<double>()), 0.0);
+  EXPECT_LE(array_error(c.to_vector<double>(), e.value().to_vector<double>(), kEachElement), 0.0);
 }
 
 // ---- errors ---------------------------------------------------------------------------------------
@@ -308,7 +302,7 @@ TEST_P(Matmul, BadArgumentsRaiseErrorsNamingShapesAndTheNextMatmulStillWorks) {
   EXPECT_THROW((void)matmul(Var::param(a23), Var::param(b43)), Error);
   // Nothing is left broken: a valid product right after the failures is correct.
   const Tensor b32 = Tensor::randn(Shape{3, 2}, d, 5);
-  EXPECT_LE(worst_error(matmul(a23, b32).to_vector<double>(), naive_matmul(a23, b32, false, false)),
+  EXPECT_LE(array_error(matmul(a23, b32).to_vector<double>(), naive_matmul(a23, b32, false, false), kEachElement),
             kGradTolFloat);
 }
 
@@ -336,7 +330,8 @@ TEST_P(Matmul, GpuMatchesCpuOnTheSameSeededInputs) {
                            b.grad().to_vector<double>()};
       }
       for (int r = 0; r < 3; ++r)
-        EXPECT_LE(worst_error(results[1][static_cast<std::size_t>(r)], results[0][static_cast<std::size_t>(r)]),
+        EXPECT_LE(array_error(results[1][static_cast<std::size_t>(r)],
+                              results[0][static_cast<std::size_t>(r)], kEachElement),
                   kSameResultTolFloat)
             << "result " << r << " a " << sa.str() << " b " << sb.str() << " " << flags_str(f);
     }

@@ -75,17 +75,6 @@ std::size_t cache_bytes(Device d) {
   return dcexp::host_llc_bytes();
 }
 
-/// max|a - b| / max|b| over all arrays (NaN: infinity).
-double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (std::size_t j = 0; j < a.size() && j < b.size(); ++j) {
-    if (std::isnan(a[j]) || std::isnan(b[j])) return INFINITY;
-    num = std::max(num, static_cast<double>(std::fabs(a[j] - b[j])));
-    den = std::max(den, static_cast<double>(std::fabs(b[j])));
-  }
-  return a.size() != b.size() ? INFINITY : den > 0 ? num / den : num;
-}
-
 // ---- the configurations -----------------------------------------------------------------------------
 
 struct Config {
@@ -146,9 +135,10 @@ Cache& prepare(const Config& c) {
   for (Method m : {Method::recompute, Method::store}) {
     s.zero_grad();
     const std::vector<float> out_m = step(c, s, m).value().to_vector<float>();
-    double e = rel_err(out_m, out_r);
+    constexpr auto largest = dualcast::ErrorScale::largest;
+    double e = dualcast::array_error(out_m, out_r, largest);
     const auto g_m = grads_of(s);
-    for (std::size_t q = 0; q < g_m.size(); ++q) e = std::max(e, rel_err(g_m[q], g_r[q]));
+    for (std::size_t q = 0; q < g_m.size(); ++q) e = std::max(e, dualcast::array_error(g_m[q], g_r[q], largest));
     k.max_err = std::max(k.max_err, e);
     if (!(e <= dualcast::kSameResultTolFloat)) {
       char buf[256];

@@ -8,6 +8,8 @@
 //    repetitions, each started from an idle device, plus a "pipelined" number (all repetitions back
 //    to back between one pair of events, divided by the count: the device's throughput with launch
 //    gaps hidden wherever the host runs ahead).
+//  * time_steps(): one of the two on a dualcast Device. Both run the one timed loop (timed_loop), which
+//    stops after a count of repetitions or where a StopRule says (a time budget, say).
 //  * copy bandwidth: a large device-to-device cudaMemcpy (nvcc only) or a multithreaded host memcpy,
 //    counting bytes read + bytes written, median of many repetitions.
 //  * floor_ms(bytes, GB/s): the memory floor of a kernel that must move `bytes`.
@@ -34,8 +36,12 @@
 #include <thread>
 #include <vector>
 
+#include "dualcast/device.hpp"
+
 #if defined(__CUDACC__)
 #include <cuda_runtime.h>
+
+#include "dualcast/stream.hpp"
 #endif
 
 namespace dcexp {
@@ -102,31 +108,69 @@ void run_steps(Prepare&& prepare, Step&& step, int n) {
   }
 }
 
-/// Times step(rep) with the host clock: `warmup` untimed calls, then `reps` timed ones, each
-/// preceded by prepare(rep) (untimed; e.g. zero_grad) and followed by sync() (inside the timing).
+/// When a timed loop stops: asked before each timed repetition with the repetitions done so far and
+/// the wall milliseconds since the loop began (untimed preparations included), so that a measurement
+/// can end on a count, on a time budget, or on both.
+using StopRule = std::function<bool(int done, double elapsed_ms)>;
+
+/// The rule of a fixed count.
+inline StopRule after_reps(int reps) {
+  return [reps](int done, double) { return done >= reps; };
+}
+
+/// The timed loop of every timing here: prepare(r) (untimed), then step(r) between clock.start() and
+/// clock.stop(), until `stop` says so. Returns the repetitions timed.
+template <class Prepare, class Step, class Clock>
+int timed_loop(Prepare&& prepare, Step&& step, const StopRule& stop, Clock& clock) {
+  const double start = now_ms();
+  int r = 0;
+  for (; !stop(r, now_ms() - start); ++r) {
+    prepare(r);
+    clock.start();
+    step(r);
+    clock.stop();
+  }
+  return r;
+}
+
+/// Times step(rep) with the host clock: `warmup` untimed calls, then timed ones until `stop` says so,
+/// each preceded by prepare(rep) (untimed; e.g. zero_grad) and followed by sync() (inside the timing);
+/// with `pipelined`, the same count once more back to back.
 template <class Prepare, class Step, class Sync>
-StepTimes time_steps_wall(Prepare&& prepare, Step&& step, Sync&& sync, int warmup, int reps) {
+StepTimes time_steps_wall(Prepare&& prepare, Step&& step, Sync&& sync, int warmup, const StopRule& stop,
+                          bool pipelined = true) {
+  struct WallClock {
+    Sync& sync;
+    std::vector<double> ms;
+    double t0 = 0;
+    void start() {
+      sync();
+      t0 = now_ms();
+    }
+    void stop() {
+      sync();
+      ms.push_back(now_ms() - t0);
+    }
+  } clock{sync, {}};
   StepTimes out;
   out.warmup = warmup;
-  out.reps = reps;
   run_steps(prepare, step, warmup);
   sync();
-  std::vector<double> wall;
-  wall.reserve(static_cast<std::size_t>(reps));
-  for (int r = 0; r < reps; ++r) {
-    prepare(r);
-    sync();
+  out.reps = timed_loop(prepare, step, stop, clock);
+  out.wall_ms = summarize(std::move(clock.ms));
+  if (pipelined) {
     const double t0 = now_ms();
-    step(r);
+    run_steps(prepare, step, out.reps);
     sync();
-    wall.push_back(now_ms() - t0);
+    out.pipelined_ms = (now_ms() - t0) / std::max(1, out.reps);
   }
-  out.wall_ms = summarize(std::move(wall));
-  const double t0 = now_ms();
-  run_steps(prepare, step, reps);
-  sync();
-  out.pipelined_ms = (now_ms() - t0) / std::max(1, reps);
   return out;
+}
+
+/// The same for a fixed count of `reps` timed repetitions.
+template <class Prepare, class Step, class Sync>
+StepTimes time_steps_wall(Prepare&& prepare, Step&& step, Sync&& sync, int warmup, int reps) {
+  return time_steps_wall(prepare, step, sync, warmup, after_reps(reps));
 }
 
 // ---- floor and rotation -------------------------------------------------------------------------------
@@ -257,44 +301,56 @@ struct EventPair {
   }
 };
 
-/// Times step(rep) on the GPU: warm-up, then `reps` repetitions each started from an idle device
-/// (cudaDeviceSynchronize), timed by CUDA events on `stream` and by the host clock (the host clock
-/// stops after the stop event completes); then the pipelined throughput. prepare(rep) runs before
-/// each repetition, untimed. Checks cudaGetLastError after every repetition.
+/// Times step(rep) on the GPU: warm-up, then timed repetitions until `stop` says so, each started
+/// from an idle device (cudaDeviceSynchronize), timed by CUDA events on `stream` and by the host clock
+/// (the host clock stops after the stop event completes); then, with `pipelined`, the pipelined
+/// throughput. prepare(rep) runs before each repetition, untimed. Checks cudaGetLastError after every
+/// repetition.
 template <class Prepare, class Step>
-StepTimes time_steps_cuda(Prepare&& prepare, Step&& step, int warmup, int reps,
-                          cudaStream_t stream = nullptr) {
+StepTimes time_steps_cuda(Prepare&& prepare, Step&& step, int warmup, const StopRule& stop,
+                          cudaStream_t stream = nullptr, bool pipelined = true) {
+  struct EventClock {
+    cudaStream_t stream;
+    EventPair ev;
+    std::vector<double> gpu, wall;
+    double t0 = 0;
+    void start() {
+      DCEXP_CUDA(cudaDeviceSynchronize());
+      t0 = now_ms();
+      DCEXP_CUDA(cudaEventRecord(ev.start, stream));
+    }
+    void stop() {
+      DCEXP_CUDA(cudaEventRecord(ev.stop, stream));
+      const double g = ev.elapsed_ms();  // waits for the stop event
+      wall.push_back(now_ms() - t0);
+      gpu.push_back(g);
+      DCEXP_CUDA(cudaGetLastError());
+    }
+  };
   StepTimes out;
   out.warmup = warmup;
-  out.reps = reps;
   run_steps(prepare, step, warmup);
   DCEXP_CUDA(cudaDeviceSynchronize());
   DCEXP_CUDA(cudaGetLastError());
-  EventPair ev;
-  std::vector<double> gpu, wall;
-  gpu.reserve(static_cast<std::size_t>(reps));
-  wall.reserve(static_cast<std::size_t>(reps));
-  for (int r = 0; r < reps; ++r) {
-    prepare(r);
+  EventClock clock{stream};
+  out.reps = timed_loop(prepare, step, stop, clock);
+  out.gpu_ms = summarize(std::move(clock.gpu));
+  out.wall_ms = summarize(std::move(clock.wall));
+  if (pipelined) {
     DCEXP_CUDA(cudaDeviceSynchronize());
-    const double t0 = now_ms();
-    DCEXP_CUDA(cudaEventRecord(ev.start, stream));
-    step(r);
-    DCEXP_CUDA(cudaEventRecord(ev.stop, stream));
-    const double g = ev.elapsed_ms();  // waits for the stop event
-    wall.push_back(now_ms() - t0);
-    gpu.push_back(g);
+    DCEXP_CUDA(cudaEventRecord(clock.ev.start, stream));
+    run_steps(prepare, step, out.reps);
+    DCEXP_CUDA(cudaEventRecord(clock.ev.stop, stream));
+    out.pipelined_ms = clock.ev.elapsed_ms() / std::max(1, out.reps);
     DCEXP_CUDA(cudaGetLastError());
   }
-  out.gpu_ms = summarize(std::move(gpu));
-  out.wall_ms = summarize(std::move(wall));
-  DCEXP_CUDA(cudaDeviceSynchronize());
-  DCEXP_CUDA(cudaEventRecord(ev.start, stream));
-  run_steps(prepare, step, reps);
-  DCEXP_CUDA(cudaEventRecord(ev.stop, stream));
-  out.pipelined_ms = ev.elapsed_ms() / std::max(1, reps);
-  DCEXP_CUDA(cudaGetLastError());
   return out;
+}
+
+/// The same for a fixed count of `reps` timed repetitions.
+template <class Prepare, class Step>
+StepTimes time_steps_cuda(Prepare&& prepare, Step&& step, int warmup, int reps, cudaStream_t stream = nullptr) {
+  return time_steps_cuda(prepare, step, warmup, after_reps(reps), stream);
 }
 
 /// L2 size of the current device (bytes).
@@ -355,5 +411,35 @@ inline Bandwidth measure_cuda_copy_bandwidth(std::size_t bytes = std::size_t(1) 
 }
 
 #endif  // __CUDACC__
+
+// ---- on a dualcast device -----------------------------------------------------------------------
+
+/// Where time_steps records its CUDA events: on the stream dualcast issues the device's work to, or
+/// on the legacy default stream (which orders with it: dualcast's stream is a blocking one).
+enum class EventStream { dualcast, legacy };
+
+/// The timing of every driver: time_steps_cuda on a CUDA device, time_steps_wall (dualcast::synchronize
+/// as the sync) on the CPU. A CUDA device in a build without nvcc is a std::runtime_error.
+template <class Prepare, class Step>
+StepTimes time_steps(dualcast::Device device, Prepare&& prepare, Step&& step, int warmup, const StopRule& stop,
+                     bool pipelined = true, EventStream events = EventStream::dualcast) {
+  if (device.is_cuda()) {
+#if defined(__CUDACC__)
+    const cudaStream_t stream = events == EventStream::dualcast ? dualcast::detail::stream(device) : nullptr;
+    return time_steps_cuda(prepare, step, warmup, stop, stream, pipelined);
+#else
+    (void)events;
+    throw std::runtime_error("built without nvcc: cannot time on " + device.str());
+#endif
+  }
+  return time_steps_wall(prepare, step, [&] { dualcast::synchronize(device); }, warmup, stop, pipelined);
+}
+
+/// The same for a fixed count of `reps` timed repetitions.
+template <class Prepare, class Step>
+StepTimes time_steps(dualcast::Device device, Prepare&& prepare, Step&& step, int warmup, int reps,
+                     EventStream events = EventStream::dualcast) {
+  return time_steps(device, prepare, step, warmup, after_reps(reps), true, events);
+}
 
 }  // namespace dcexp

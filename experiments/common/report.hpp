@@ -1,12 +1,12 @@
 // report.hpp: what the experiment drivers' result files have in common: the UTC time of the run
-// and a timing Summary (gpu_timing.hpp) as a JSON object (json_lite.hpp).
+// and a timing Summary (gpu_timing.hpp) as a JSON object (json.hpp).
 #pragma once
 
 #include <ctime>
 #include <string>
 
 #include "gpu_timing.hpp"
-#include "json_lite.hpp"
+#include "json.hpp"
 
 namespace dcexp {
 
@@ -19,8 +19,8 @@ inline std::string iso_time() {
 }
 
 /// {"median", "p10", "p90", "min", "max", "n"} of a Summary.
-inline json::Value summary_json(const Summary& s) {
-  json::Value v = json::Value::object();
+inline json summary_json(const Summary& s) {
+  json v = json::object();
   v["median"] = s.median;
   v["p10"] = s.p10;
   v["p90"] = s.p90;

@@ -2,23 +2,19 @@
 // against the eager step (compare_capture), and the timing of one training step, eager or captured
 // (time_training_step). See network.hpp.
 //
-// Compiled by nvcc in CUDA builds and as plain C++ otherwise; CUDA-only code (event timing) is
-// guarded by __CUDACC__.
+// Compiled by nvcc in CUDA builds and as plain C++ otherwise; the timing (CUDA events or the host
+// clock) is gpu_timing.hpp's.
 #include <algorithm>
-#include <chrono>
 #include <cmath>
-#include <limits>
 #include <memory>
 #include <sstream>
 #include <vector>
 
 #include "dualcast/error.hpp"
+#include "dualcast/gradcheck.hpp"
 #include "dualcast/graph.hpp"
 #include "network.hpp"
-
-#if defined(__CUDACC__)
-#include <cuda_runtime_api.h>
-#endif
+#include "../common/gpu_timing.hpp"
 
 namespace hmlstm {
 
@@ -77,7 +73,7 @@ CaptureComparison compare_capture(const NetworkConfig& config, const Tensor& tok
   r.worst = "loss";
   const auto names = eager.param_names();
   auto consider = [&](const Tensor& got, const Tensor& want, const std::string& what) {
-    const double e = array_rel_err(got, want);
+    const double e = dualcast::array_error(got, want, dualcast::ErrorScale::largest);
     if (!(e <= r.max_rel_err)) {
       r.max_rel_err = std::isnan(e) ? INFINITY : e;
       r.worst = what;
@@ -116,14 +112,6 @@ CaptureComparison compare_capture(const NetworkConfig& config, const Tensor& tok
 // =================================================================================================
 
 namespace {
-double percentile(std::vector<double> v, double q) {
-  if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
-  std::sort(v.begin(), v.end());
-  const double pos = q * static_cast<double>(v.size() - 1);
-  const std::size_t lo = static_cast<std::size_t>(std::floor(pos));
-  const std::size_t hi = std::min(lo + 1, v.size() - 1);
-  return v[lo] + (pos - static_cast<double>(lo)) * (v[hi] - v[lo]);
-}
 constexpr float kTimingLr = 0.1f;  // MODEL.md's timing default
 }  // namespace
 
@@ -165,49 +153,14 @@ StepTiming time_training_step(const NetworkConfig& config, int warmup, int reps,
     l.backward();
     net.sgd_step(kTimingLr);
   };
-  for (int k = 0; k < warmup; ++k) step(k);
-  synchronize(config.device);
-
-  std::vector<double> wall, gpu;
-#if defined(__CUDACC__)
-  cudaEvent_t ev0 = nullptr, ev1 = nullptr;
-  std::unique_ptr<detail::DeviceGuard> guard;
-  if (config.device.is_cuda()) {
-    guard = std::make_unique<detail::DeviceGuard>(config.device);
-    DUALCAST_CUDA_CHECK(cudaEventCreate(&ev0));
-    DUALCAST_CUDA_CHECK(cudaEventCreate(&ev1));
-  }
-#endif
-  for (int k = 0; k < reps; ++k) {
-    synchronize(config.device);
-    const auto t0 = std::chrono::steady_clock::now();
-#if defined(__CUDACC__)
-    if (config.device.is_cuda()) DUALCAST_CUDA_CHECK(cudaEventRecord(ev0, 0));
-#endif
-    step(warmup + k);
-#if defined(__CUDACC__)
-    if (config.device.is_cuda()) DUALCAST_CUDA_CHECK(cudaEventRecord(ev1, 0));
-#endif
-    synchronize(config.device);
-    const auto t1 = std::chrono::steady_clock::now();
-    wall.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-#if defined(__CUDACC__)
-    if (config.device.is_cuda()) {
-      float ms = 0.0f;
-      DUALCAST_CUDA_CHECK(cudaEventElapsedTime(&ms, ev0, ev1));
-      gpu.push_back(ms);
-    }
-#endif
-  }
-#if defined(__CUDACC__)
-  if (ev0) cudaEventDestroy(ev0);
-  if (ev1) cudaEventDestroy(ev1);
-#endif
-  timing.reps = reps;
-  timing.wall_ms_median = percentile(wall, 0.5);
-  timing.wall_ms_p10 = percentile(wall, 0.1);
-  timing.wall_ms_p90 = percentile(wall, 0.9);
-  timing.gpu_ms_median = gpu.empty() ? std::numeric_limits<double>::quiet_NaN() : percentile(gpu, 0.5);
+  detail::DeviceGuard guard(config.device);  // the events on the network's device
+  const dcexp::StepTimes t = dcexp::time_steps(config.device, [](int) {}, step, warmup, dcexp::after_reps(reps),
+                                               /*pipelined=*/false, dcexp::EventStream::legacy);
+  timing.reps = t.reps;
+  timing.wall_ms_median = t.wall_ms.median;
+  timing.wall_ms_p10 = t.wall_ms.p10;
+  timing.wall_ms_p90 = t.wall_ms.p90;
+  timing.gpu_ms_median = t.gpu_ms.median;  // NaN on the CPU
   return timing;
 }
 

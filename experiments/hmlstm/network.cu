@@ -18,6 +18,7 @@
 
 #include "dualcast/broadcast.hpp"
 #include "dualcast/error.hpp"
+#include "dualcast/gradcheck.hpp"
 #include "dualcast/graph.hpp"
 #include "dualcast/math.hpp"
 #include "dualcast/ops/elementwise.hpp"
@@ -27,14 +28,14 @@
 #include "dualcast/ops/shape.hpp"
 #include "dualcast/random.hpp"
 
-#include "../common/json_lite.hpp"
+#include "../common/json.hpp"
 #include "gates.hpp"
 
 
 namespace hmlstm {
 
 using namespace dualcast;
-namespace json = dcexp::json;
+using dcexp::json;
 
 // =================================================================================================
 // The elementwise step, reverse mode: the same math in select form on Vars (one kernel and one tape
@@ -78,19 +79,6 @@ std::uint64_t param_seed(std::uint64_t seed, int index) {
 }
 
 }  // namespace
-
-double array_rel_err(const Tensor& got, const Tensor& want) {
-  if (got.shape() != want.shape()) return INFINITY;
-  const std::vector<double> g = got.to_vector<double>(), w = want.to_vector<double>();
-  double num = 0.0, den = 0.0;
-  for (std::size_t j = 0; j < g.size(); ++j) {
-    if (!std::isfinite(g[j])) return INFINITY;
-    num = std::max(num, std::fabs(g[j] - w[j]));
-    den = std::max(den, std::fabs(w[j]));
-  }
-  if (den == 0.0) return num == 0.0 ? 0.0 : INFINITY;
-  return num / den;
-}
 
 // =================================================================================================
 // HmlstmNetwork
@@ -369,7 +357,7 @@ ModeComparison compare_modes(const NetworkConfig& config, const Tensor& tokens, 
     const Var& pr = reverse.params()[k];
     double err;
     if (!pm.has_grad() || !pr.has_grad()) err = (pm.has_grad() == pr.has_grad()) ? 0.0 : INFINITY;
-    else err = array_rel_err(pm.grad(), pr.grad());
+    else err = dualcast::array_error(pm.grad(), pr.grad(), dualcast::ErrorScale::largest);
     if (err > r.max_grad_rel_err || r.worst_param.empty()) {
       r.max_grad_rel_err = std::max(r.max_grad_rel_err, err);
       r.worst_param = names[k];
@@ -395,17 +383,6 @@ ModeComparison compare_modes(const NetworkConfig& config, const Tensor& tokens, 
 
 namespace {
 
-/// v with every digit (%.17g; ".0" added to a whole number, like Python's repr of a float); NaN for a
-/// non-finite value (Python's json reads it; valdir turns it into a failure).
-json::Value exact_number(double v) {
-  if (!std::isfinite(v)) return json::Value::raw_number("NaN");
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  std::string s(buf);
-  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
-  return json::Value::raw_number(s);
-}
-
 template <class T>
 void write_raw(const std::filesystem::path& file, const std::vector<T>& data) {
   std::ofstream out(file, std::ios::binary | std::ios::trunc);
@@ -414,9 +391,9 @@ void write_raw(const std::filesystem::path& file, const std::vector<T>& data) {
   DUALCAST_CHECK(out.good(), "write_validation: writing ", file.string(), " failed");
 }
 
-json::Value shape_json(const Shape& s) {
-  json::Value a = json::Value::array();
-  for (int d = 0; d < s.rank(); ++d) a.push_back(json::Value::raw_number(std::to_string(s[d])));
+json shape_json(const Shape& s) {
+  json a = json::array();
+  for (int d = 0; d < s.rank(); ++d) a.push_back(s[d]);
   return a;
 }
 
@@ -456,27 +433,27 @@ void write_validation(const std::string& dir, const NetworkConfig& config) {
   loss.backward();
   const double loss_value = loss.item();
 
-  // An existing manifest is merged: its numbers keep their text, so other entries are written back
-  // exactly.
-  json::Value manifest = json::Value::object();
+  // An existing manifest is merged: its other entries are written back with the same values (every
+  // double round-trips; a NaN Python wrote comes back as null, which valdir.py reads as NaN).
+  json manifest = json::object();
   const fs::path mpath = root / "manifest.json";
   if (fs::exists(mpath)) {
     try {
-      manifest = json::parse_file(mpath.string(), /*keep_number_text=*/true);
+      manifest = dcexp::read_json_file(mpath.string());
     } catch (const std::runtime_error& e) {
-      DUALCAST_FAIL(mpath.string(), ": cannot parse JSON (", e.what(), ")");
+      DUALCAST_FAIL("write_validation: ", e.what());
     }
     DUALCAST_CHECK(manifest.is_object(), mpath.string(), ": top level must be an object");
   }
   manifest["arrays"];  // create both first: operator[] may reallocate the member list
   manifest["scalars"];
-  json::Value& arrays = manifest["arrays"];
-  json::Value& scalars = manifest["scalars"];
-  if (!arrays.is_object()) arrays = json::Value::object();
-  if (!scalars.is_object()) scalars = json::Value::object();
+  json& arrays = manifest["arrays"];
+  json& scalars = manifest["scalars"];
+  if (!arrays.is_object()) arrays = json::object();
+  if (!scalars.is_object()) scalars = json::object();
 
   auto put_array = [&](const std::string& name, const Shape& shape, const char* dtype) {
-    json::Value meta = json::Value::object();
+    json meta = json::object();
     meta["file"] = name + ".bin";
     meta["shape"] = shape_json(shape);
     meta["dtype"] = dtype;
@@ -497,20 +474,22 @@ void write_validation(const std::string& dir, const NetworkConfig& config) {
     write_raw(root / (name + ".bin"), p.value().to_vector<float>());
     put_array(name, p.shape(), "float32");
     const double gn = p.has_grad() ? norm(p.grad()) : 0.0;
-    scalars["e_gradnorm_" + names[k]] = exact_number(gn);
+    scalars["e_gradnorm_" + names[k]] = gn;
   }
-  scalars["e_loss"] = exact_number(loss_value);
-  scalars["e_slope"] = exact_number(static_cast<double>(config.slope));
-  scalars["e_H"] = json::Value::raw_number(std::to_string(config.hidden));
-  scalars["e_B"] = json::Value::raw_number(std::to_string(config.batch));
-  scalars["e_T"] = json::Value::raw_number(std::to_string(config.seq));
+  // Doubles keep every digit (a whole one is written as 1.0, as Python's float); a non-finite loss or
+  // norm is written as null, which valdir.py reads as NaN, a failure.
+  scalars["e_loss"] = loss_value;
+  scalars["e_slope"] = static_cast<double>(config.slope);
+  scalars["e_H"] = config.hidden;
+  scalars["e_B"] = config.batch;
+  scalars["e_T"] = config.seq;
   // Extras (ignored by valdir.py): the token seed used, and whether float32 and float64 took the
   // same boundary decisions there (1) or no such batch was found in 16 tries (0).
-  scalars["e_token_seed"] = json::Value::raw_number(std::to_string(token_seed));
-  scalars["e_boundaries_fp64_agree"] = json::Value::raw_number(decisions_agree ? "1" : "0");
+  scalars["e_token_seed"] = token_seed;
+  scalars["e_boundaries_fp64_agree"] = decisions_agree ? 1 : 0;
 
   try {
-    json::write_file(mpath.string(), manifest);  // through manifest.json.tmp, then renamed
+    dcexp::write_json_file(mpath.string(), manifest);  // through manifest.json.tmp, then renamed
   } catch (const std::runtime_error& e) {
     DUALCAST_FAIL("write_validation: ", e.what());
   }

@@ -213,9 +213,6 @@ struct ModeComparison {
 /// --rtol-model), 1e-10 for float64.
 ModeComparison compare_modes(const NetworkConfig& config, const Tensor& tokens, double tolerance = 0.0);
 
-/// max|got - want| / max|want| (valdir.py's array_rel_err); inf for NaN or a shape mismatch.
-double array_rel_err(const Tensor& got, const Tensor& want);
-
 // ---- the training step recorded once and replayed (captured.cu) ---------------------------------
 
 /// One plain-SGD training step of `net` (forward over T steps, BPTT, update with learning rate lr)

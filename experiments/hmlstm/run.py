@@ -14,7 +14,6 @@ none has it, that is said and the plots are skipped.
 
 import argparse
 import os
-import shutil
 import subprocess
 import sys
 
@@ -22,33 +21,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 CANDIDATE_BUILDS = ("build-exp-cuda", "build-cuda", "build", "build-exp", "build-cpu")
 REL_BIN = os.path.join("experiments", "hmlstm", "hmlstm_experiment")
-
-
-def gpu_present():
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return False
-    try:
-        r = subprocess.run([smi, "-L"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return r.returncode == 0 and b"GPU" in r.stdout
-
-
-def is_cuda_build(build_dir):
-    """A build configured with the CUDA backend (nvcc found and DUALCAST_ENABLE_CUDA not OFF)."""
-    try:
-        with open(os.path.join(build_dir, "CMakeCache.txt")) as fh:
-            text = fh.read()
-    except OSError:
-        return False
-    if "DUALCAST_ENABLE_CUDA:BOOL=OFF" in text:
-        return False
-    for line in text.splitlines():
-        if line.startswith("CMAKE_CUDA_COMPILER:"):
-            value = line.split("=", 1)[1].strip()
-            return bool(value) and not value.endswith("NOTFOUND")
-    return False
+sys.path.insert(0, os.path.join(ROOT, "experiments", "common"))
+from runner import gpu_present, is_cuda_build, python_with  # noqa: E402
 
 
 def find_driver(build):
@@ -65,22 +39,6 @@ def find_driver(build):
         print("run.py: note: a GPU is present but no CUDA-enabled build of the driver was found; "
               "running %s on the CPU" % found[0], file=sys.stderr)
     return os.path.join(found[0], REL_BIN)
-
-
-def python_with(module):
-    cands = [sys.executable, "python3", "/usr/bin/python3"]
-    seen = set()
-    for c in cands:
-        if not c or c in seen:
-            continue
-        seen.add(c)
-        exe = shutil.which(c) if not os.path.isabs(c) else c
-        if not exe or not os.path.exists(exe):
-            continue
-        r = subprocess.run([exe, "-c", "import %s" % module], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        if r.returncode == 0:
-            return exe
-    return None
 
 
 def main():

@@ -14,6 +14,7 @@
 
 #include "dualcast/dual.hpp"
 #include "dualcast/error.hpp"
+#include "dualcast/gradcheck.hpp"
 #include "dualcast/graph.hpp"
 
 namespace hmexp {
@@ -21,31 +22,6 @@ namespace hmexp {
 using dualcast::Dual;
 
 namespace {
-
-// ---- comparisons ------------------------------------------------------------------------------------
-
-/// max|got - want| / max|want| (NaN anywhere: infinity).
-double rel_err(const std::vector<float>& got, const std::vector<float>& want) {
-  if (got.size() != want.size()) return INFINITY;
-  double num = 0, den = 0;
-  for (std::size_t j = 0; j < got.size(); ++j) {
-    const double g = got[j], w = want[j];
-    if (std::isnan(g) || std::isnan(w)) return INFINITY;
-    num = std::max(num, std::fabs(g - w));
-    den = std::max(den, std::fabs(w));
-  }
-  return den > 0 ? num / den : num;
-}
-
-double rel_err_d(const std::vector<double>& got, const std::vector<double>& want) {
-  double num = 0, den = 0;
-  for (std::size_t j = 0; j < got.size(); ++j) {
-    if (std::isnan(got[j]) || std::isnan(want[j])) return INFINITY;
-    num = std::max(num, std::fabs(got[j] - want[j]));
-    den = std::max(den, std::fabs(want[j]));
-  }
-  return den > 0 ? num / den : num;
-}
 
 /// Outputs and gradients of one method on one input set, copied to the host.
 struct Result {
@@ -111,11 +87,11 @@ struct CapturedSets {
 double compare(const Result& got, const Result& want, std::string& worst) {
   double e = 0;
   for (std::size_t m = 0; m < want.out.size(); ++m) {
-    const double x = rel_err(got.out[m], want.out[m]);
+    const double x = dualcast::array_error(got.out[m], want.out[m], dualcast::ErrorScale::largest);
     if (x > e || std::isnan(x)) e = x, worst = "output " + std::to_string(m);
   }
   for (std::size_t k = 0; k < want.grad.size(); ++k) {
-    const double x = rel_err(got.grad[k], want.grad[k]);
+    const double x = dualcast::array_error(got.grad[k], want.grad[k], dualcast::ErrorScale::largest);
     if (x > e || std::isnan(x)) e = x, worst = "gradient " + std::to_string(k);
   }
   return e;
@@ -182,7 +158,7 @@ double compare_prefix(const Result& got, const RefResult& ref, std::string& wors
       return;
     }
     const std::vector<double> gd(g.begin(), g.begin() + static_cast<std::ptrdiff_t>(w.size()));
-    const double x = rel_err_d(gd, w);
+    const double x = dualcast::array_error(gd, w, dualcast::ErrorScale::largest);
     if (x > e || std::isnan(x)) e = x, worst = name;
   };
   for (std::size_t m = 0; m < ref.out.size(); ++m) one(got.out[m], ref.out[m], "output " + std::to_string(m));
@@ -194,14 +170,10 @@ double compare_prefix(const Result& got, const RefResult& ref, std::string& wors
 
 template <class Prepare, class Step>
 dcexp::StepTimes time_on_device(const RunContext& ctx, Prepare&& prepare, Step&& step) {
-  if (ctx.device.is_cuda()) {
-#if defined(__CUDACC__)
-    return dcexp::time_steps_cuda(prepare, step, 0, ctx.reps);
-#else
-    throw ExperimentError("this driver was compiled without nvcc: it cannot time on the GPU", 2);
+#if !defined(__CUDACC__)
+  if (ctx.device.is_cuda()) throw ExperimentError("this driver was compiled without nvcc: it cannot time on the GPU", 2);
 #endif
-  }
-  return dcexp::time_steps_wall(prepare, step, [&] { dualcast::synchronize(ctx.device); }, 0, ctx.reps);
+  return dcexp::time_steps(ctx.device, prepare, step, 0, ctx.reps, dcexp::EventStream::legacy);
 }
 
 /// Warm-up, allocator check, timing of one method over rotating sets.

@@ -29,6 +29,7 @@
 #include "dualcast/ops/loss.hpp"
 #include "dualcast/optim.hpp"
 #include "../common/cli.hpp"
+#include "../common/json.hpp"
 #include "model.hpp"
 
 namespace {
@@ -69,6 +70,9 @@ The progress bar goes to stderr; one line per epoch to stdout. Exit status: 0 on
 data or runtime error, 2 for a command-line error.
 )";
 
+using dcexp::cli::parse_device;
+using dcexp::cli::parse_double;
+using dcexp::cli::parse_int;
 using dcexp::cli::UsageError;
 
 struct Options {
@@ -90,31 +94,6 @@ struct Options {
   std::int64_t eval_batch = 1000;
   bool quiet = false;
 };
-
-double parse_double(const std::string& opt, const std::string& s) {
-  std::size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(s, &used);
-  } catch (const std::exception&) {
-    throw UsageError(opt + ": '" + s + "' is not a number");
-  }
-  if (used != s.size()) throw UsageError(opt + ": '" + s + "' is not a number");
-  return v;
-}
-
-std::int64_t parse_int(const std::string& opt, const std::string& s, std::int64_t lo) {
-  std::size_t used = 0;
-  long long v = 0;
-  try {
-    v = std::stoll(s, &used);
-  } catch (const std::exception&) {
-    throw UsageError(opt + ": '" + s + "' is not an integer");
-  }
-  if (used != s.size()) throw UsageError(opt + ": '" + s + "' is not an integer");
-  if (v < lo) throw UsageError(opt + ": " + s + " is below the minimum " + std::to_string(lo));
-  return v;
-}
 
 /// A number as the user would write it (the shortest form that reads back: -0.1, not -0.100000).
 std::string num(double v) {
@@ -177,13 +156,6 @@ Options parse(int argc, char** argv, bool& help) {
   return o;
 }
 
-Device parse_device(const std::string& s) {
-  if (s == "cpu") return Device::cpu();
-  if (s == "cuda") return Device::cuda(0);
-  if (s.rfind("cuda:", 0) == 0) return Device::cuda(static_cast<int>(parse_int("--device", s.substr(5), 0)));
-  throw UsageError("--device: unknown device '" + s + "' (expected cpu, cuda or cuda:K)");
-}
-
 /// A one-line progress bar, redrawn in place on stderr.
 class Progress {
  public:
@@ -221,13 +193,6 @@ struct EpochMetrics {
   std::int64_t malloc_calls = 0, bytes_in_use = 0, bytes_held = 0;
 };
 
-Tensor index_tensor(const std::vector<std::int64_t>& rows, std::size_t begin, std::size_t end,
-                    Device device) {
-  std::vector<float> idx(rows.begin() + static_cast<std::ptrdiff_t>(begin),
-                         rows.begin() + static_cast<std::ptrdiff_t>(end));
-  return Tensor::from_vector<float>(Shape{static_cast<std::int64_t>(idx.size())}, idx, device);
-}
-
 /// Test loss and accuracy: forward passes of eval_batch rows without a tape; softmax cross-entropy
 /// and argmax of the logits on the host in double.
 void evaluate(const mnist::Model& model, const dualcast::Dataset& test, std::int64_t eval_batch,
@@ -241,41 +206,14 @@ void evaluate(const mnist::Model& model, const dualcast::Dataset& test, std::int
   std::int64_t correct = 0;
   for (std::int64_t start = 0; start < n; start += eval_batch) {
     const std::int64_t stop = std::min(n, start + eval_batch);
-    const Tensor idx = index_tensor(all, static_cast<std::size_t>(start), static_cast<std::size_t>(stop),
+    const Tensor idx = mnist::index_tensor(all, static_cast<std::size_t>(start), static_cast<std::size_t>(stop),
                                     test.images.device());
     const Tensor x = mnist::gather_rows(test.images, idx);
     const std::vector<float> logits = model.forward(Var(x)).value().to_vector<float>();
-    const std::int64_t classes = static_cast<std::int64_t>(logits.size()) / (stop - start);
-    for (std::int64_t r = 0; r < stop - start; ++r) {
-      const float* z = logits.data() + r * classes;
-      std::int64_t best = 0;
-      double mx = z[0];
-      for (std::int64_t c = 1; c < classes; ++c)
-        if (z[c] > mx) mx = z[c], best = c;
-      double se = 0;
-      for (std::int64_t c = 0; c < classes; ++c) se += std::exp(static_cast<double>(z[c]) - mx);
-      const auto label = static_cast<std::int64_t>(labels[static_cast<std::size_t>(start + r)]);
-      total_loss += mx + std::log(se) - static_cast<double>(z[label]);
-      if (best == label) ++correct;
-    }
+    mnist::score_logits(logits, stop - start, labels, start, total_loss, correct);
   }
   loss = total_loss / static_cast<double>(n);
   accuracy = static_cast<double>(correct) / static_cast<double>(n);
-}
-
-std::string json_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      o += buf;
-      continue;
-    }
-    o += c;
-  }
-  return o;
 }
 
 void write_outputs(const Options& o, const std::string& device_str, const std::string& device_name,
@@ -307,44 +245,51 @@ void write_outputs(const Options& o, const std::string& device_str, const std::s
         << e.malloc_calls << ',' << e.bytes_in_use << ',' << e.bytes_held << '\n';
   DUALCAST_CHECK(csv.good(), "--out: writing '", csv_path, "' failed");
 
-  std::ofstream js(json_path);
-  DUALCAST_CHECK(js.good(), "--out: cannot write '", json_path, "'");
-  js.precision(10);
+  using dcexp::json;
   double total = 0;
   for (const auto& e : epochs) total += e.train_seconds;
-  js << "{\n"
-     << "  \"model\": \"" << o.model << "\",\n"
-     << "  \"optimizer\": \"" << o.optimizer << "\",\n"
-     << "  \"lr\": " << o.lr << ",\n"
-     << "  \"schedule\": \"" << o.schedule << "\",\n"
-     << "  \"momentum\": " << o.momentum << ",\n"
-     << "  \"weight_decay\": " << o.weight_decay << ",\n"
-     << "  \"batch\": " << o.batch << ",\n"
-     << "  \"epochs\": " << epochs.size() << ",\n"
-     << "  \"seed\": " << o.seed << ",\n"
-     << "  \"max_steps_per_epoch\": " << o.max_steps << ",\n"
-     << "  \"device\": \"" << json_escape(device_str) << "\",\n"
-     << "  \"device_name\": \"" << json_escape(device_name) << "\",\n"
-     << "  \"data\": \"" << json_escape(o.data) << "\",\n"
-     << "  \"train_size\": " << train_n << ",\n"
-     << "  \"test_size\": " << test_n << ",\n"
-     << "  \"num_params\": " << model.num_params() << ",\n"
-     << "  \"load_seconds\": " << load_seconds << ",\n"
-     << "  \"total_train_seconds\": " << total << ",\n"
-     << "  \"final_test_accuracy\": " << (epochs.empty() ? 0.0 : epochs.back().test_accuracy) << ",\n"
-     << "  \"per_epoch\": [\n";
-  for (std::size_t i = 0; i < epochs.size(); ++i) {
-    const auto& e = epochs[i];
-    js << "    {\"epoch\": " << e.epoch << ", \"steps\": " << e.steps << ", \"train_loss\": "
-       << e.train_loss << ", \"test_loss\": " << e.test_loss << ", \"test_accuracy\": "
-       << e.test_accuracy << ", \"epoch_seconds\": " << e.train_seconds
-       << ", \"epoch_cpu_seconds\": " << e.train_cpu_seconds << ", \"eval_seconds\": "
-       << e.eval_seconds << ", \"device_malloc_calls\": " << e.malloc_calls
-       << ", \"bytes_in_use\": " << e.bytes_in_use << ", \"bytes_held\": " << e.bytes_held << "}"
-       << (i + 1 < epochs.size() ? "," : "") << "\n";
+  json js = json::object();
+  js["model"] = o.model;
+  js["optimizer"] = o.optimizer;
+  js["lr"] = o.lr;
+  js["schedule"] = o.schedule;
+  js["momentum"] = o.momentum;
+  js["weight_decay"] = o.weight_decay;
+  js["batch"] = o.batch;
+  js["epochs"] = epochs.size();
+  js["seed"] = o.seed;
+  js["max_steps_per_epoch"] = o.max_steps;
+  js["device"] = device_str;
+  js["device_name"] = device_name;
+  js["data"] = o.data;
+  js["train_size"] = train_n;
+  js["test_size"] = test_n;
+  js["num_params"] = model.num_params();
+  js["load_seconds"] = load_seconds;
+  js["total_train_seconds"] = total;
+  js["final_test_accuracy"] = epochs.empty() ? 0.0 : epochs.back().test_accuracy;
+  json rows = json::array();
+  for (const auto& e : epochs) {
+    json r = json::object();
+    r["epoch"] = e.epoch;
+    r["steps"] = e.steps;
+    r["train_loss"] = e.train_loss;
+    r["test_loss"] = e.test_loss;
+    r["test_accuracy"] = e.test_accuracy;
+    r["epoch_seconds"] = e.train_seconds;
+    r["epoch_cpu_seconds"] = e.train_cpu_seconds;
+    r["eval_seconds"] = e.eval_seconds;
+    r["device_malloc_calls"] = e.malloc_calls;
+    r["bytes_in_use"] = e.bytes_in_use;
+    r["bytes_held"] = e.bytes_held;
+    rows.push_back(std::move(r));
   }
-  js << "  ]\n}\n";
-  DUALCAST_CHECK(js.good(), "--out: writing '", json_path, "' failed");
+  js["per_epoch"] = std::move(rows);
+  try {
+    dcexp::write_json_file(json_path, js);
+  } catch (const std::runtime_error& e) {
+    DUALCAST_FAIL("--out: ", e.what());
+  }
   std::printf("wrote %s and %s\n", csv_path.c_str(), json_path.c_str());
 }
 
@@ -394,7 +339,7 @@ int run(const Options& o) {
     for (std::int64_t s = 0; s < steps; ++s) {
       const auto begin = static_cast<std::size_t>(s * o.batch);
       const auto end = static_cast<std::size_t>(std::min(n, (s + 1) * o.batch));
-      const Tensor idx = index_tensor(perm, begin, end, device);
+      const Tensor idx = mnist::index_tensor(perm, begin, end, device);
       const Tensor x = mnist::gather_rows(train.images, idx);
       const Tensor y = mnist::gather_rows(train.labels, idx);
       if (o.schedule == "cosine") {
@@ -447,29 +392,4 @@ int run(const Options& o) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  bool help = false;
-  Options o;
-  try {
-    o = parse(argc, argv, help);
-  } catch (const UsageError& e) {
-    std::fprintf(stderr, "mnist_train: %s\n(run mnist_train --help for the options)\n", e.what());
-    return 2;
-  }
-  if (help) {
-    std::fputs(kUsage, stdout);
-    return 0;
-  }
-  try {
-    return run(o);
-  } catch (const UsageError& e) {
-    std::fprintf(stderr, "mnist_train: %s\n", e.what());
-    return 2;
-  } catch (const dualcast::Error& e) {
-    std::fprintf(stderr, "mnist_train: error: %s\n", e.what());
-    return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "mnist_train: error: %s\n", e.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return dcexp::cli::driver_main("mnist_train", kUsage, argc, argv, parse, run); }

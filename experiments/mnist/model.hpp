@@ -1,5 +1,6 @@
 // model.hpp: the models of the MNIST runner (logistic regression and the 784-256-100-10 ReLU MLP),
-// their seeded initialisation, the forward pass, and the minibatch gather. Header-only so that
+// their seeded initialisation, the forward pass, the minibatch gather and the scoring of a test batch's
+// logits (resnet_train uses the last two as well). Header-only so that
 // tests/test_training_memory.cu trains exactly this code. Include it from a .cu file: the gather is a
 // parallel_for body, compiled by nvcc in CUDA builds.
 #pragma once
@@ -121,6 +122,34 @@ inline std::vector<std::int64_t> epoch_permutation(std::int64_t n, std::uint64_t
     std::swap(p[static_cast<std::size_t>(i)], p[static_cast<std::size_t>(j)]);
   }
   return p;
+}
+
+/// rows[begin, end) as a float index tensor on `device` (gather_rows' index).
+inline Tensor index_tensor(const std::vector<std::int64_t>& rows, std::size_t begin, std::size_t end,
+                           dualcast::Device device) {
+  std::vector<float> idx(rows.begin() + static_cast<std::ptrdiff_t>(begin),
+                         rows.begin() + static_cast<std::ptrdiff_t>(end));
+  return Tensor::from_vector<float>(dualcast::Shape{static_cast<std::int64_t>(idx.size())}, idx, device);
+}
+
+/// Scores `count` rows of logits (row-major, the same number of classes each) against
+/// labels[first, first + count): adds their softmax cross-entropy (nats, in double) to `loss_sum` and
+/// the rows whose argmax is the label to `correct`.
+inline void score_logits(const std::vector<float>& logits, std::int64_t count, const std::vector<float>& labels,
+                         std::int64_t first, double& loss_sum, std::int64_t& correct) {
+  const std::int64_t classes = static_cast<std::int64_t>(logits.size()) / count;
+  for (std::int64_t r = 0; r < count; ++r) {
+    const float* z = logits.data() + r * classes;
+    std::int64_t best = 0;
+    double mx = z[0];
+    for (std::int64_t c = 1; c < classes; ++c)
+      if (z[c] > mx) mx = z[c], best = c;
+    double se = 0;
+    for (std::int64_t c = 0; c < classes; ++c) se += std::exp(static_cast<double>(z[c]) - mx);
+    const auto label = static_cast<std::int64_t>(labels[static_cast<std::size_t>(first + r)]);
+    loss_sum += mx + std::log(se) - static_cast<double>(z[label]);
+    if (best == label) ++correct;
+  }
 }
 
 }  // namespace mnist

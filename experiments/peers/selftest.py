@@ -367,10 +367,18 @@ def validation_rejects_wrong_results():
     check(ok is False and "Td2" in txt, "wrong gradnorm accepted: " + txt)
     # a different slope in the manifest changes the answer (the slope is read, not assumed)
     m["scalars"]["e_gradnorm_Td2"] /= 1.01
+    a_slope = m["scalars"]["e_slope"]
     m["scalars"]["e_slope"] = 3.0
     json.dump(m, open(os.path.join(bad, "manifest.json"), "w"))
     ok, err, txt = checks.check_model_dir(be, VD.ValDir(bad), 0.1, 1e-3)
     check(ok is False, "e_slope ignored: " + txt)
+    # a non-finite loss, as the C++ writer writes it (null): read as NaN, a failure (not a crash)
+    m["scalars"]["e_slope"] = a_slope
+    m["scalars"]["e_loss"] = None
+    json.dump(m, open(os.path.join(bad, "manifest.json"), "w"))
+    check(np.isnan(VD.ValDir(bad).scalar("e_loss")), "null scalar not read as NaN")
+    ok, err, txt = checks.check_model_dir(be, VD.ValDir(bad), 0.1, 1e-3)
+    check(ok is False and "loss" in txt, "null e_loss accepted: " + txt)
 
 
 @test

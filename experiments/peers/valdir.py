@@ -4,7 +4,8 @@ Format (written by dualcast's C++ driver; selftest.py writes one with the numpy 
   DIR/manifest.json = {"arrays":  {"name": {"file": "name.bin", "shape": [..],
                                             "dtype": "float32" | "int32"}},
                        "scalars": {"name": value}}
-  each .bin: raw little-endian C-order data.
+  each .bin: raw little-endian C-order data. A scalar null is NaN (the C++ writer writes strict
+  JSON, where a non-finite number is null); NaN as Python's json writes it is read as well.
 """
 
 import json
@@ -32,7 +33,8 @@ class ValDir:
         if not isinstance(m, dict):
             raise ValueError("%s: top level must be an object" % mpath)
         self.arrays_meta = m.get("arrays", {}) or {}
-        self.scalars = m.get("scalars", {}) or {}
+        self.scalars = {k: (float("nan") if v is None else v)
+                        for k, v in (m.get("scalars", {}) or {}).items()}
         self._cache = {}
 
     def has(self, *names):
@@ -145,7 +147,7 @@ def array_rel_err(got, want):
 
 def scalar_rel_err(got, want):
     got, want = float(got), float(want)
-    if not np.isfinite(got):
+    if not (np.isfinite(got) and np.isfinite(want)):   # a NaN reference matches nothing
         return float("inf")
     if want == 0.0:
         return abs(got)

@@ -17,8 +17,9 @@
 #include <string_view>
 #include <vector>
 
+#include "../common/cli.hpp"
 #include "../common/gpu_timing.hpp"
-#include "../common/json_lite.hpp"
+#include "../common/json.hpp"
 #include "../common/report.hpp"
 #include "dualcast/memory.hpp"
 #include "dualcast/optim.hpp"
@@ -27,8 +28,6 @@
 
 #if defined(__CUDACC__)
 #include <cuda_profiler_api.h>
-
-#include "dualcast/stream.hpp"
 #endif
 
 // The hook for whole-step capture (issue "Whole-step capture"): compiled in once
@@ -46,7 +45,7 @@ namespace {
 
 using dualcast::DType;
 using dualcast::Shape;
-namespace json = dcexp::json;
+using dcexp::json;
 
 /// A random batch: images [B, 1, 28, 28] ~ N(0, 1) and labels uniform over the classes (float32).
 struct Batch {
@@ -81,8 +80,8 @@ struct Step {
   }
 };
 
-json::Value times_json(const dcexp::StepTimes& t, std::int64_t B) {
-  json::Value v = json::Value::object();
+json times_json(const dcexp::StepTimes& t, std::int64_t B) {
+  json v = json::object();
   v["step_ms"] = dcexp::summary_json(t.primary());
   v["wall_ms"] = dcexp::summary_json(t.wall_ms);
   v["pipelined_ms"] = t.pipelined_ms;
@@ -96,16 +95,13 @@ json::Value times_json(const dcexp::StepTimes& t, std::int64_t B) {
 dcexp::StepTimes time_step(Device device, const std::function<void()>& step, int warmup, int reps) {
   auto prepare = [](int) {};
   auto run = [&](int) { step(); };
-#if defined(__CUDACC__)
-  if (device.is_cuda()) return dcexp::time_steps_cuda(prepare, run, warmup, reps, dualcast::detail::stream(device));
-#endif
-  return dcexp::time_steps_wall(prepare, run, [&] { dualcast::synchronize(device); }, warmup, reps);
+  return dcexp::time_steps(device, prepare, run, warmup, reps);
 }
 
 #if RESNET_HAVE_GRAPH
 /// The same step captured once and replayed (Graph contract of the whole-step capture issue): the
 /// batch lives in static tensors allocated before capture; the loss is copied out of the graph.
-json::Value time_captured(Device device, Step& step, const Options& o, std::int64_t B) {
+json time_captured(Device device, Step& step, const Options& o, std::int64_t B) {
   Tensor loss_out = Tensor::zeros(Shape{}, DType::float32, device);
   dualcast::Graph graph;
   graph.capture(device, [&] {
@@ -113,7 +109,7 @@ json::Value time_captured(Device device, Step& step, const Options& o, std::int6
     loss_out.copy_(step.loss);
   });
   const dcexp::StepTimes t = time_step(device, [&] { graph.replay(); }, o.bench_warmup, o.bench_reps);
-  json::Value v = times_json(t, B);
+  json v = times_json(t, B);
   v["loss_after"] = loss_out.item();
   return v;
 }
@@ -122,8 +118,8 @@ json::Value time_captured(Device device, Step& step, const Options& o, std::int6
 }  // namespace
 
 int run_bench(const Options& o) {
-  const Device device = parse_device(o.device);
-  json::Value results = json::Value::array();
+  const Device device = dcexp::cli::parse_device(o.device);
+  json results = json::array();
   std::printf("resnet_train --bench: ResNet-18 width %lld on %s (%s), convolutions: %s, %s elementwise\n",
               static_cast<long long>(o.width), device.str().c_str(), dualcast::device_name(device).c_str(),
               dualcast::conv_backend_name(device).c_str(),
@@ -144,7 +140,7 @@ int run_bench(const Options& o) {
     const std::int64_t mallocs_before = dualcast::memory_stats(device).device_malloc_calls;
     const dcexp::StepTimes t = time_step(device, [&] { step(); }, o.bench_warmup, o.bench_reps);
     const std::int64_t new_mallocs = dualcast::memory_stats(device).device_malloc_calls - mallocs_before;
-    json::Value r = times_json(t, B);
+    json r = times_json(t, B);
     r["batch"] = static_cast<long long>(B);
     r["new_device_mallocs_while_timed"] = static_cast<long long>(new_mallocs);
     r["peak_bytes_in_use"] = static_cast<long long>(dualcast::memory_stats(device).peak_bytes_in_use);
@@ -156,7 +152,7 @@ int run_bench(const Options& o) {
 #if RESNET_HAVE_GRAPH
       r["captured"] = time_captured(device, step, o, B);
       std::printf("%8s %12.3f (captured step replayed)\n", "",
-                  r["captured"]["step_ms"]["median"].number());
+                  r["captured"]["step_ms"]["median"].get<double>());
 #else
       r["captured"] = "skipped: this dualcast has no dualcast::Graph (include/dualcast/graph.hpp)";
       std::printf("%8s captured: skipped (no dualcast::Graph in this build)\n", "");
@@ -178,7 +174,7 @@ int run_bench(const Options& o) {
   if (!o.out.empty()) {
     namespace fs = std::filesystem;
     fs::create_directories(o.out);
-    json::Value js = json::Value::object();
+    json js = json::object();
     js["what"] = "one ResNet-18 training step (forward, cross-entropy, backward, SGD momentum 0.9, weight decay 5e-4), fp32";
     js["framework"] = "dualcast";
     // The method's name says what differs from the default (fused elementwise, cuDNN, Find, direct
@@ -207,7 +203,7 @@ int run_bench(const Options& o) {
     js["results"] = std::move(results);
     const std::string stem = o.name.empty() ? "dualcast_resnet" : o.name;
     const std::string path = (fs::path(o.out) / (stem + "_bench.json")).string();
-    json::write_file(path, js);
+    dcexp::write_json_file(path, js);
     std::printf("wrote %s\n", path.c_str());
   }
   return 0;
@@ -239,8 +235,8 @@ void write_npy(const std::string& path, const Tensor& t) {
   DUALCAST_CHECK(out.good(), "--export: writing '", path, "' failed");
 }
 
-json::Value shape_json(const Tensor& t) {
-  json::Value s = json::Value::array();
+json shape_json(const Tensor& t) {
+  json s = json::array();
   for (int d = 0; d < t.rank(); ++d) s.push_back(static_cast<long long>(t.shape()[d]));
   return s;
 }
@@ -249,7 +245,7 @@ json::Value shape_json(const Tensor& t) {
 
 int run_export(const Options& o) {
   namespace fs = std::filesystem;
-  const Device device = parse_device(o.device);
+  const Device device = dcexp::cli::parse_device(o.device);
   for (const char* sub : {"params", "buffers", "grads", "params_after", "buffers_after"})
     fs::create_directories(fs::path(o.export_dir) / sub);
   Config cfg;
@@ -259,17 +255,17 @@ int run_export(const Options& o) {
   auto dir = [&](const char* sub, const std::string& name) {
     return (fs::path(o.export_dir) / sub / (name + ".npy")).string();
   };
-  json::Value params = json::Value::array(), buffers = json::Value::array();
+  json params = json::array(), buffers = json::array();
   for (const auto& [name, v] : model.named_params()) {
     write_npy(dir("params", name), v.value());
-    json::Value e = json::Value::object();
+    json e = json::object();
     e["name"] = name;
     e["shape"] = shape_json(v.value());
     params.push_back(std::move(e));
   }
   for (const auto& [name, t] : model.named_buffers()) {
     write_npy(dir("buffers", name), t);
-    json::Value e = json::Value::object();
+    json e = json::object();
     e["name"] = name;
     e["shape"] = shape_json(t);
     buffers.push_back(std::move(e));
@@ -286,7 +282,7 @@ int run_export(const Options& o) {
   for (const auto& [name, v] : model.named_params()) write_npy(dir("params_after", name), v.value());
   for (const auto& [name, t] : model.named_buffers()) write_npy(dir("buffers_after", name), t);
 
-  json::Value m = json::Value::object();
+  json m = json::object();
   m["width"] = static_cast<long long>(o.width);
   m["batch"] = static_cast<long long>(o.batch);
   m["lr"] = o.lr;
@@ -295,16 +291,14 @@ int run_export(const Options& o) {
   m["label_smoothing"] = o.label_smoothing;
   m["bn_momentum"] = cfg.bn_momentum;
   m["bn_eps"] = cfg.bn_eps;
-  char loss_text[32];
-  std::snprintf(loss_text, sizeof loss_text, "%.9g", loss.item());
-  m["loss"] = json::Value::raw_number(loss_text);
+  m["loss"] = loss.item();
   m["device"] = device.str();
   m["device_name"] = dualcast::device_name(device);
   m["conv_backend"] = dualcast::conv_backend_name(device);
   m["fusion"] = o.fusion == Fusion::fused ? "fused" : "composed";
   m["params"] = std::move(params);
   m["buffers"] = std::move(buffers);
-  json::write_file((fs::path(o.export_dir) / "manifest.json").string(), m);
+  dcexp::write_json_file((fs::path(o.export_dir) / "manifest.json").string(), m);
   std::printf("resnet_train --export: width %lld, batch %lld, loss %.8g on %s; wrote %s\n",
               static_cast<long long>(o.width), static_cast<long long>(o.batch), loss.item(),
               device.str().c_str(), o.export_dir.c_str());

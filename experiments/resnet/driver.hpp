@@ -46,8 +46,6 @@ struct Options {
   std::string export_dir;  ///< non-empty: export mode
 };
 
-Device parse_device(const std::string& s);
-
 /// Times one training step (forward, backward, SGD update) at each batch size of o.bench on random
 /// data; prints a table and writes OUT/NAME_bench.json. Returns the exit status.
 int run_bench(const Options& o);

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "../common/cli.hpp"
-#include "../common/json_lite.hpp"
+#include "../common/json.hpp"
 #include "../common/report.hpp"
 #include "../mnist/model.hpp"  // gather_rows, epoch_permutation
 #include "dualcast/data.hpp"
@@ -27,6 +27,8 @@
 
 namespace {
 
+using dcexp::cli::parse_double;
+using dcexp::cli::parse_int;
 using dcexp::cli::UsageError;
 using dualcast::Device;
 using dualcast::Shape;
@@ -83,31 +85,6 @@ benchmark and validation (no data needed):
 Exit status: 0 on success, 1 for a data or runtime error (or a loss that did not fall with
 --expect-loss-decrease), 2 for a command-line error.
 )";
-
-double parse_double(const std::string& opt, const std::string& s) {
-  std::size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(s, &used);
-  } catch (const std::exception&) {
-    throw UsageError(opt + ": '" + s + "' is not a number");
-  }
-  if (used != s.size()) throw UsageError(opt + ": '" + s + "' is not a number");
-  return v;
-}
-
-std::int64_t parse_int(const std::string& opt, const std::string& s, std::int64_t lo) {
-  std::size_t used = 0;
-  long long v = 0;
-  try {
-    v = std::stoll(s, &used);
-  } catch (const std::exception&) {
-    throw UsageError(opt + ": '" + s + "' is not an integer");
-  }
-  if (used != s.size()) throw UsageError(opt + ": '" + s + "' is not an integer");
-  if (v < lo) throw UsageError(opt + ": " + s + " is below the minimum " + std::to_string(lo));
-  return v;
-}
 
 std::vector<std::int64_t> parse_list(const std::string& opt, const std::string& s) {
   std::vector<std::int64_t> out;
@@ -192,12 +169,6 @@ double lr_at(const Options& o, double t) {
   return o.lr * 0.5 * (1.0 + std::cos(kPi * (t - o.warmup) / (1.0 - o.warmup)));
 }
 
-Tensor index_tensor(const std::vector<std::int64_t>& rows, std::size_t begin, std::size_t end, Device d) {
-  std::vector<float> idx(rows.begin() + static_cast<std::ptrdiff_t>(begin),
-                         rows.begin() + static_cast<std::ptrdiff_t>(end));
-  return Tensor::from_vector<float>(Shape{static_cast<std::int64_t>(idx.size())}, idx, d);
-}
-
 struct EpochMetrics {
   int epoch = 0;
   std::int64_t steps = 0;
@@ -219,23 +190,11 @@ void evaluate(const resnet::Model& model, const dualcast::Dataset& test, std::in
   std::int64_t correct = 0;
   for (std::int64_t start = 0; start < n; start += o.eval_batch) {
     const std::int64_t stop = std::min(n, start + o.eval_batch);
-    const Tensor idx = index_tensor(rows, static_cast<std::size_t>(start), static_cast<std::size_t>(stop),
+    const Tensor idx = mnist::index_tensor(rows, static_cast<std::size_t>(start), static_cast<std::size_t>(stop),
                                     test.images.device());
     const Tensor x = resnet::gather_batch(test.images, idx, test.rows, test.cols, plain, 0, 0);
     const std::vector<float> z = model.forward(Var(x), false, o.fusion).value().to_vector<float>();
-    const std::int64_t C = static_cast<std::int64_t>(z.size()) / (stop - start);
-    for (std::int64_t r = 0; r < stop - start; ++r) {
-      const float* zr = z.data() + r * C;
-      std::int64_t best = 0;
-      double mx = zr[0];
-      for (std::int64_t c = 1; c < C; ++c)
-        if (zr[c] > mx) mx = zr[c], best = c;
-      double se = 0;
-      for (std::int64_t c = 0; c < C; ++c) se += std::exp(static_cast<double>(zr[c]) - mx);
-      const auto label = static_cast<std::int64_t>(labels[static_cast<std::size_t>(start + r)]);
-      total += mx + std::log(se) - static_cast<double>(zr[label]);
-      if (best == label) ++correct;
-    }
+    mnist::score_logits(z, stop - start, labels, start, total, correct);
   }
   loss = total / static_cast<double>(n);
   accuracy = static_cast<double>(correct) / static_cast<double>(n);
@@ -262,8 +221,8 @@ void write_outputs(const Options& o, const std::string& stem, Device device, con
         << ',' << e.bytes_held << '\n';
   DUALCAST_CHECK(csv.good(), "--out: writing '", csv_path, "' failed");
 
-  namespace json = dcexp::json;
-  json::Value js = json::Value::object();
+  using dcexp::json;
+  json js = json::object();
   js["model"] = "resnet18-cifar";
   js["width"] = static_cast<long long>(o.width);
   js["num_params"] = static_cast<long long>(model.num_params());
@@ -293,9 +252,9 @@ void write_outputs(const Options& o, const std::string& stem, Device device, con
   for (const auto& e : epochs) total += e.train_seconds;
   js["total_train_seconds"] = total;
   js["final_test_accuracy"] = epochs.empty() ? 0.0 : epochs.back().test_accuracy;
-  json::Value rows = json::Value::array();
+  json rows = json::array();
   for (const auto& e : epochs) {
-    json::Value r = json::Value::object();
+    json r = json::object();
     r["epoch"] = e.epoch;
     r["steps"] = static_cast<long long>(e.steps);
     r["lr_end"] = e.lr_end;
@@ -312,12 +271,12 @@ void write_outputs(const Options& o, const std::string& stem, Device device, con
     rows.push_back(std::move(r));
   }
   js["per_epoch"] = std::move(rows);
-  json::write_file(json_path, js);
+  dcexp::write_json_file(json_path, js);
   std::printf("wrote %s and %s\n", csv_path.c_str(), json_path.c_str());
 }
 
 int run_training(const Options& o) {
-  const Device device = resnet::parse_device(o.device);
+  const Device device = dcexp::cli::parse_device(o.device);
   const auto t_load = std::chrono::steady_clock::now();
   dualcast::Dataset train = dualcast::load_fashion_mnist(o.data, true);
   dualcast::Dataset test = dualcast::load_fashion_mnist(o.data, false);
@@ -373,7 +332,7 @@ int run_training(const Options& o) {
     for (std::int64_t s = 0; s < steps; ++s) {
       const auto begin = static_cast<std::size_t>(s * o.batch);
       const auto end = static_cast<std::size_t>(std::min(n, (s + 1) * o.batch));
-      const Tensor idx = index_tensor(rows, begin, end, device);
+      const Tensor idx = mnist::index_tensor(rows, begin, end, device);
       const Tensor x = resnet::gather_batch(train.images, idx, train.rows, train.cols, o.augment, o.seed,
                                             static_cast<std::uint64_t>(epoch) * 1000000ull + static_cast<std::uint64_t>(s));
       const Tensor y = mnist::gather_rows(train.labels, idx);
@@ -442,37 +401,10 @@ int run_training(const Options& o) {
 
 }  // namespace
 
-namespace resnet {
-Device parse_device(const std::string& s) {
-  if (s == "cpu") return Device::cpu();
-  if (s == "cuda") return Device::cuda(0);
-  if (s.rfind("cuda:", 0) == 0) return Device::cuda(static_cast<int>(parse_int("--device", s.substr(5), 0)));
-  throw UsageError("--device: unknown device '" + s + "' (expected cpu, cuda or cuda:K)");
-}
-}  // namespace resnet
-
 int main(int argc, char** argv) {
-  bool help = false;
-  Options o;
-  try {
-    o = parse(argc, argv, help);
-  } catch (const UsageError& e) {
-    std::fprintf(stderr, "resnet_train: %s\n(run resnet_train --help for the options)\n", e.what());
-    return 2;
-  }
-  if (help) {
-    std::fputs(kUsage, stdout);
-    return 0;
-  }
-  try {
+  return dcexp::cli::driver_main("resnet_train", kUsage, argc, argv, parse, [](const Options& o) {
     if (!o.export_dir.empty()) return resnet::run_export(o);
     if (!o.bench.empty()) return resnet::run_bench(o);
     return run_training(o);
-  } catch (const UsageError& e) {
-    std::fprintf(stderr, "resnet_train: %s\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "resnet_train: error: %s\n", e.what());
-    return 1;
-  }
+  });
 }

@@ -15,20 +15,18 @@ git-ignored copy the device tool can carry), else /usr/share/datasets/fashion-mn
 """
 
 import argparse
-import importlib.util
 import os
 import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-# The HM-LSTM runner's helpers (gpu_present, is_cuda_build, python_with, CANDIDATE_BUILDS).
-_spec = importlib.util.spec_from_file_location("hmlstm_run", os.path.join(ROOT, "experiments", "hmlstm", "run.py"))
-hmlstm_run = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(hmlstm_run)
+sys.path.insert(0, os.path.join(ROOT, "experiments", "common"))
+import runner  # noqa: E402
 
 REL_BIN = os.path.join("experiments", "resnet", "resnet_train")
-CANDIDATE_BUILDS = ("build/release", "build/ci", "build/cpu-only") + hmlstm_run.CANDIDATE_BUILDS
+CANDIDATE_BUILDS = ("build/release", "build/ci", "build/cpu-only", "build-exp-cuda", "build-cuda", "build", "build-exp",
+                    "build-cpu")
 
 GPU_ARGS = ["--width", "64", "--epochs", "10", "--batch", "128"]
 CPU_ARGS = ["--width", "8", "--train-subset", "2000", "--test-subset", "1000", "--epochs", "3",
@@ -39,7 +37,7 @@ def find_driver(build, want_cuda):
     cands = [build] if build else [os.path.join(ROOT, b) for b in CANDIDATE_BUILDS]
     found = [b for b in cands if os.path.isfile(os.path.join(b, REL_BIN))]
     if want_cuda:
-        cuda = [b for b in found if hmlstm_run.is_cuda_build(b)]
+        cuda = [b for b in found if runner.is_cuda_build(b)]
         found = cuda or found
     return os.path.join(found[0], REL_BIN) if found else None
 
@@ -54,13 +52,13 @@ def main():
     args, rest = ap.parse_known_args()
     if rest and rest[0] == "--":
         rest = rest[1:]
-    gpu = args.device == "cuda" or (args.device == "auto" and hmlstm_run.gpu_present())
+    gpu = args.device == "cuda" or (args.device == "auto" and runner.gpu_present())
     driver = find_driver(args.build, gpu)
     if driver is None:
         print("run.py: error: resnet_train not found; build it first, e.g.\n"
               "  cmake --preset release && cmake --build build/release --target resnet_train", file=sys.stderr)
         return 2
-    if gpu and not hmlstm_run.is_cuda_build(os.path.dirname(os.path.dirname(os.path.dirname(driver)))):
+    if gpu and not runner.is_cuda_build(os.path.dirname(os.path.dirname(os.path.dirname(driver)))):
         print("run.py: note: no CUDA build of resnet_train; running the CPU study", file=sys.stderr)
         gpu = False
     data = args.data
@@ -82,7 +80,7 @@ def main():
         return rc
     if args.no_plots:
         return 0
-    py = hmlstm_run.python_with("matplotlib")
+    py = runner.python_with("matplotlib")
     if py is None:
         print("run.py: matplotlib is not installed: plots skipped")
         return 0

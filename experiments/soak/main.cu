@@ -19,6 +19,7 @@
 
 namespace {
 
+using dcexp::cli::parse_int;
 using dcexp::cli::UsageError;
 using dualcast::Device;
 
@@ -61,20 +62,6 @@ struct Options {
   std::string out;
   bool quiet = false;
 };
-
-long long parse_int(const std::string& opt, const std::string& s, long long lo, long long hi) {
-  std::size_t used = 0;
-  long long v = 0;
-  try {
-    v = std::stoll(s, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != s.size()) throw UsageError(opt + ": '" + s + "' is not an integer");
-  if (v < lo || v > hi)
-    throw UsageError(opt + ": " + s + " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  return v;
-}
 
 /// -1 for "cpu", K for "cuda" (0) and "cuda:K"; checks the spelling only (the Device is made, and
 /// the device looked for, when the run starts).
@@ -176,18 +163,9 @@ std::string mib(std::int64_t bytes) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool help = false;
   Options o;
-  try {
-    o = parse(argc, argv, help);
-  } catch (const UsageError& e) {
-    std::fprintf(stderr, "soak: %s\n(run soak --help for the options)\n", e.what());
-    return 2;
-  }
-  if (help) {
-    std::fputs(kUsage, stdout);
-    return 0;
-  }
+  if (const int status = dcexp::cli::parse_command_line("soak", kUsage, argc, argv, parse, o); status >= 0)
+    return status;
   if (o.runs.empty()) {
     if (dualcast::cuda_available()) {
       o.runs = {{"hmlstm", "cuda"}, {"mlp", "cpu"}, {"mlp", "cuda"}};

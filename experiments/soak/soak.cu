@@ -14,7 +14,7 @@
 #include <memory>
 #include <sstream>
 
-#include "../common/json_lite.hpp"
+#include "../common/json.hpp"
 #include "../common/report.hpp"
 #include "../mnist/model.hpp"
 #include "charlm.hpp"
@@ -333,7 +333,7 @@ std::string verdict_line(const Run& r) {
 
 std::string write_records(const std::vector<Run>& runs, const std::string& dir) {
   namespace fs = std::filesystem;
-  namespace json = dcexp::json;
+  using dcexp::json;
   std::error_code ec;
   fs::create_directories(dir, ec);
   DUALCAST_CHECK(!ec && fs::is_directory(dir), "soak: cannot create the output directory '", dir, "': ", ec.message());
@@ -354,21 +354,21 @@ std::string write_records(const std::vector<Run>& runs, const std::string& dir) 
           << s.rss_bytes << '\n';
   DUALCAST_CHECK(csv.good(), "soak: writing '", csv_path, "' failed");
 
-  json::Value all = json::Value::array();
+  json all = json::array();
   for (const Run& r : runs) {
     const Config& c = r.config;
-    json::Value j = json::Value::object();
+    json j = json::object();
     j["model"] = c.model;
     j["device"] = c.device.str();
     j["device_name"] = r.device_name;
     j["data"] = r.data_used;
     j["steps"] = c.steps;
     j["every"] = c.every;
-    j["seed"] = static_cast<double>(c.seed);
+    j["seed"] = c.seed;
     j["warmup_steps"] = c.limits.warmup_steps;
     j["rss_slack_bytes"] = c.limits.rss_slack_bytes;
     j["rss_checked"] = c.limits.check_rss;
-    json::Value size = json::Value::object();
+    json size = json::object();
     if (c.model == "hmlstm") {
       size["hidden"] = c.hidden;
       size["batch"] = c.batch;
@@ -380,13 +380,13 @@ std::string write_records(const std::vector<Run>& runs, const std::string& dir) 
     j["size"] = size;
     j["seconds"] = r.seconds;
     j["ok"] = r.verdict.ok;
-    json::Value violations = json::Value::array();
+    json violations = json::array();
     for (const std::string& v : r.verdict.violations) violations.push_back(v);
     j["violations"] = violations;
     j["verdict"] = verdict_line(r);
-    json::Value samples = json::Value::array();
+    json samples = json::array();
     for (const Sample& s : r.samples) {
-      json::Value o = json::Value::object();
+      json o = json::object();
       o["step"] = s.step;
       o["seconds"] = s.seconds;
       o["loss"] = s.loss;
@@ -403,10 +403,10 @@ std::string write_records(const std::vector<Run>& runs, const std::string& dir) 
     j["samples"] = samples;
     all.push_back(j);
   }
-  json::Value doc = json::Value::object();
+  json doc = json::object();
   doc["time"] = dcexp::iso_time();
   doc["runs"] = all;
-  json::write_file(json_path, doc);
+  dcexp::write_json_file(json_path, doc);
   return json_path;
 }
 

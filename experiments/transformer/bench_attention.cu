@@ -15,21 +15,21 @@
 
 #include "common/cli.hpp"
 #include "common/gpu_timing.hpp"
-#include "common/json_lite.hpp"
+#include "common/json.hpp"
 #include "common/report.hpp"
+#include "common/text.hpp"
 #include "driver_util.hpp"
 #include "dualcast/error.hpp"
+#include "dualcast/gradcheck.hpp"
 #include "dualcast/memory.hpp"
 #include "dualcast/ops/attention.hpp"
 #include "dualcast/ops/shape.hpp"
 #include "dualcast/tape.hpp"
-#if defined(__CUDACC__)
-#include "dualcast/stream.hpp"
-#endif
 
 namespace {
 
-namespace json = dcexp::json;
+using dcexp::json;
+using dcexp::fmt;
 using dualcast::AttentionImpl;
 using dualcast::AttentionOptions;
 using dualcast::Device;
@@ -115,25 +115,6 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-std::string fmt(const char* f, double x) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, x);
-  return buf;
-}
-
-/// max |a - b| / max |b| over whole arrays (NaN -> infinity).
-double rel_err(const Tensor& a, const Tensor& b) {
-  const auto x = a.to_vector<double>(), y = b.to_vector<double>();
-  double d = 0.0, s = 1e-30;
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    const double e = std::fabs(x[i] - y[i]);
-    if (!(e <= INFINITY)) return INFINITY;
-    d = std::max(d, e);
-    s = std::max(s, std::fabs(y[i]));
-  }
-  return d / s;
-}
-
 struct Grads {
   Tensor out, dq, dk, dv;
 };
@@ -145,15 +126,15 @@ Grads run_once(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& 
 }
 
 /// Raw little-endian float32 arrays plus manifest.json (experiments/peers' format).
-void dump(const std::string& dir, const std::vector<std::pair<std::string, Tensor>>& arrays, json::Value& manifest) {
-  json::Value& meta = manifest["arrays"];
-  if (!meta.is_object()) meta = json::Value::object();
+void dump(const std::string& dir, const std::vector<std::pair<std::string, Tensor>>& arrays, json& manifest) {
+  json& meta = manifest["arrays"];
+  if (!meta.is_object()) meta = json::object();
   for (const auto& [name, t] : arrays) {
     const std::vector<float> v = t.to_vector<float>();
     std::ofstream f(dir + "/" + name + ".bin", std::ios::binary | std::ios::trunc);
     f.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float)));
     DUALCAST_CHECK(f.good(), "attention_bench: cannot write ", dir, "/", name, ".bin");
-    json::Value m = json::Value::object(), sh = json::Value::array();
+    json m = json::object(), sh = json::array();
     for (int i = 0; i < t.rank(); ++i) sh.push_back(static_cast<long long>(t.shape()[i]));
     m["file"] = name + ".bin";
     m["shape"] = sh;
@@ -175,7 +156,7 @@ int run(const Options& o) {
   std::cerr << "attention_bench on " << dualcast::device_name(dev) << ": heads " << H << ", head_dim " << D
             << ", " << tokens << " tokens per batch, float32\n";
 
-  json::Value root = json::Value::object(), meta = json::Value::object();
+  json root = json::object(), meta = json::object();
   meta["time"] = dcexp::iso_time();
   meta["device"] = dualcast::device_name(dev);
   meta["heads"] = static_cast<int>(H);
@@ -184,11 +165,11 @@ int run(const Options& o) {
   meta["reps"] = reps;
   meta["flops"] = "fwd 4 B H S^2 D, fwd+bwd 14 B H S^2 D (FlashAttention's count), halved when causal";
   root["meta"] = meta;
-  json::Value records = json::Value::array();
+  json records = json::array();
 
   // ---- validation data for the peer: S = 256, B = 2, both mask settings --------------------------
   const std::string valdir = o.out + "/validate";
-  json::Value manifest = json::Value::object();
+  json manifest = json::object();
   if (o.peers) std::filesystem::create_directories(valdir);
 
   for (long long S : seqs)
@@ -215,7 +196,10 @@ int run(const Options& o) {
         of.impl = AttentionImpl::fused;
         oc.impl = AttentionImpl::composed;
         const Grads f = run_once(qv, kv, vv, gv, of), c = run_once(qv, kv, vv, gv, oc);
-        val_err = std::max({rel_err(f.out, c.out), rel_err(f.dq, c.dq), rel_err(f.dk, c.dk), rel_err(f.dv, c.dv)});
+        using dualcast::array_error;
+        constexpr auto largest = dualcast::ErrorScale::largest;
+        val_err = std::max({array_error(f.out, c.out, largest), array_error(f.dq, c.dq, largest),
+                            array_error(f.dk, c.dk, largest), array_error(f.dv, c.dv, largest)});
         std::cerr << "[validate] " << tag << ": fused vs composed max rel err " << fmt("%.2e", val_err) << "\n";
         if (!(val_err <= 1e-4)) {
           std::cerr << "attention_bench: validation failed at " << tag << "\n";
@@ -249,7 +233,7 @@ int run(const Options& o) {
           const double need = 4.0 * B * H * static_cast<double>(S) * S * 4.0 + (1 << 30);
 #if defined(__CUDACC__)
           if (need > static_cast<double>(dcexp::cuda_mem_info().first)) {
-            json::Value r = json::Value::object();
+            json r = json::object();
             r["seq"] = S;
             r["causal"] = causal;
             r["batch"] = B;
@@ -277,15 +261,10 @@ int run(const Options& o) {
               (void)dualcast::scaled_dot_product_attention(vq, vk, vv, oi);
             }
           };
-          dcexp::StepTimes t;
-#if defined(__CUDACC__)
-          if (gpu) t = dcexp::time_steps_cuda(prepare, step, warmup, reps, dualcast::detail::stream(dev));
-          else
-#endif
-            t = dcexp::time_steps_wall(prepare, step, [&] { dualcast::synchronize(dev); }, warmup, reps);
+          const dcexp::StepTimes t = dcexp::time_steps(dev, prepare, step, warmup, reps);
           const dcexp::Summary& s = t.primary();
           const double flops = bwd ? 3.5 * flops_fwd : flops_fwd;
-          json::Value r = json::Value::object();
+          json r = json::object();
           r["seq"] = S;
           r["causal"] = causal;
           r["batch"] = B;
@@ -296,18 +275,18 @@ int run(const Options& o) {
           r["p90_ms"] = s.p90;
           r["pipelined_ms"] = t.pipelined_ms;
           r["tflops"] = flops / (s.median * 1e-3) / 1e12;
-          r["validated"] = gpu ? json::Value(true) : json::Value();
+          r["validated"] = gpu ? json(true) : json();
           r["max_rel_err"] = val_err;
           records.push_back(r);
-          std::cerr << "  " << tag << " " << r.get("method").str() << " " << phase << ": " << fmt("%.3f", s.median)
-                    << " ms, " << fmt("%.1f", r.get("tflops").number()) << " TFLOP/s\n";
+          std::cerr << "  " << tag << " " << var.name << " " << phase << ": " << fmt("%.3f", s.median)
+                    << " ms, " << fmt("%.1f", r.at("tflops").get<double>()) << " TFLOP/s\n";
         }
       }
     }
 
   if (o.peers) {
-    manifest["scalars"] = json::Value::object();
-    json::write_file(valdir + "/manifest.json", manifest);
+    manifest["scalars"] = json::object();
+    dcexp::write_json_file(valdir + "/manifest.json", manifest);
     std::string seq_list, causal_list;
     for (long long s : seqs) seq_list += (seq_list.empty() ? "" : ",") + std::to_string(s);
     for (long long c : o.causal) causal_list += (causal_list.empty() ? "" : ",") + std::to_string(c);
@@ -315,42 +294,44 @@ int run(const Options& o) {
                              " --heads " + std::to_string(H) + " --head-dim " + std::to_string(D) + " --tokens " +
                              std::to_string(tokens) + " --causal " + causal_list + " --reps " + std::to_string(reps) +
                              " --warmup " + std::to_string(warmup) + (gpu ? "" : " --allow-cpu");
-    const json::Value peer = transformer::driver::run_peer(o.python, args, o.out + "/peer_attention.json");
+    const json peer = transformer::driver::run_peer(o.python, args, o.out + "/peer_attention.json");
     root["peers_raw"] = peer;
-    if (const json::Value* recs = peer.find("records"))
-      for (const auto& r : recs->items()) records.push_back(r);
+    if (const json& recs = dcexp::member(peer, "records"); recs.is_array())
+      for (const auto& r : recs) records.push_back(r);
   }
   root["records"] = records;
-  json::write_file(o.out + "/results.json", root);
+  dcexp::write_json_file(o.out + "/results.json", root);
 
   // ---- CSV and table ------------------------------------------------------------------------------
   std::ofstream csv(o.out + "/results.csv");
   csv << "seq,causal,batch,method,phase,median_ms,p10_ms,p90_ms,tflops,validated\n";
-  auto find = [&](long long S, long long c, const std::string& m, const std::string& ph) -> const json::Value* {
-    for (const auto& r : records.items())
-      if (r.get("seq").number() == S && r.get("causal").number() == c && r.get("method").str() == m &&
-          r.get("phase").str() == ph && r.get("median_ms").is_number())
+  // The peer's records as well as ours: a missing or mistyped member reads as NaN / "" / false.
+  const auto num = [](const json& r, const char* key) { return dcexp::number_or(dcexp::member(r, key)); };
+  const auto str = [](const json& r, const char* key) { return dcexp::string_or(dcexp::member(r, key)); };
+  auto find = [&](long long S, long long c, const std::string& m, const std::string& ph) -> const json* {
+    for (const auto& r : records)
+      if (num(r, "seq") == S && num(r, "causal") == c && str(r, "method") == m && str(r, "phase") == ph &&
+          dcexp::member(r, "median_ms").is_number())
         return &r;
     return nullptr;
   };
-  for (const auto& r : records.items())
-    if (r.get("median_ms").is_number())
-      csv << r.get("seq").number() << "," << r.get("causal").number() << "," << r.get("batch").number() << ","
-          << r.get("method").str() << "," << r.get("phase").str() << "," << r.get("median_ms").number() << ","
-          << r.get("p10_ms").number() << "," << r.get("p90_ms").number() << "," << r.get("tflops").number() << ","
-          << (r.get("validated").boolean() ? 1 : 0) << "\n";
+  for (const auto& r : records)
+    if (dcexp::member(r, "median_ms").is_number())
+      csv << num(r, "seq") << "," << num(r, "causal") << "," << num(r, "batch") << "," << str(r, "method") << ","
+          << str(r, "phase") << "," << num(r, "median_ms") << "," << num(r, "p10_ms") << "," << num(r, "p90_ms")
+          << "," << num(r, "tflops") << "," << (dcexp::bool_or(dcexp::member(r, "validated")) ? 1 : 0) << "\n";
   std::cout << "\nattention forward+backward, float32, " << H << " heads, head_dim " << D << ", " << tokens
-            << " tokens per batch, " << meta.get("device").str() << " (median ms; TFLOP/s of fused)\n";
+            << " tokens per batch, " << meta.at("device").get<std::string>() << " (median ms; TFLOP/s of fused)\n";
   std::cout << "  seq causal  batch      fused   composed      torch  fused-TF/s  composed/fused  torch/fused\n";
   for (long long S : seqs)
     for (long long c : o.causal) {
       const auto* f = find(S, c, "dualcast_fused", "fwd+bwd");
       const auto* cm = find(S, c, "dualcast_composed", "fwd+bwd");
       const auto* t = find(S, c, "torch_sdpa", "fwd+bwd");
-      auto ms = [](const json::Value* r) { return r ? r->get("median_ms").number() : NAN; };
+      auto ms = [&](const json* r) { return r ? num(*r, "median_ms") : NAN; };
       std::cout << fmt("%5.0f", static_cast<double>(S)) << fmt("%7.0f", static_cast<double>(c))
                 << fmt("%7.0f", static_cast<double>(std::max<long long>(1, tokens / S))) << fmt("%11.3f", ms(f))
-                << fmt("%11.3f", ms(cm)) << fmt("%11.3f", ms(t)) << fmt("%12.1f", f ? f->get("tflops").number() : NAN)
+                << fmt("%11.3f", ms(cm)) << fmt("%11.3f", ms(t)) << fmt("%12.1f", f ? num(*f, "tflops") : NAN)
                 << fmt("%16.2f", ms(cm) / ms(f)) << fmt("%13.2f", ms(t) / ms(f)) << "\n";
     }
   std::cout << "wrote " << o.out << "/results.json, " << o.out << "/results.csv\n";
@@ -360,13 +341,5 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(parse(argc, argv));
-  } catch (const dcexp::cli::UsageError& e) {
-    std::cerr << "attention_bench: " << e.what() << "\n";
-    return 2;
-  } catch (const std::exception& e) {
-    std::cerr << "attention_bench: error: " << e.what() << "\n";
-    return 1;
-  }
+  return dcexp::cli::report_errors("attention_bench", [&] { return run(parse(argc, argv)); });
 }

@@ -11,7 +11,8 @@
 #include <vector>
 
 #include "common/cli.hpp"
-#include "common/json_lite.hpp"
+#include "common/json.hpp"
+#include "common/python.hpp"
 #include "dualcast/device.hpp"
 
 #ifndef DCEXP_SOURCE_DIR
@@ -20,20 +21,9 @@
 
 namespace transformer::driver {
 
-inline std::vector<std::string> split_csv(const std::string& s) {
-  std::vector<std::string> out;
-  std::string cur;
-  for (char c : s) {
-    if (c == ',') {
-      if (!cur.empty()) out.push_back(cur);
-      cur.clear();
-    } else {
-      cur += c;
-    }
-  }
-  if (!cur.empty()) out.push_back(cur);
-  return out;
-}
+using dcexp::cli::split_csv;
+using dcexp::find_python;
+using dcexp::shell_quote;
 
 /// A positive integer option value (UsageError otherwise).
 inline long long positive(const std::string& opt, const std::string& v, bool allow_zero = false) {
@@ -67,30 +57,11 @@ inline dualcast::Device pick_device(const std::string& name) {
   return dualcast::cuda_available() ? dualcast::Device::cuda(0) : dualcast::Device::cpu();
 }
 
-inline std::string shell_quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
-/// The first of `preferred`, python3, /usr/bin/python3 that can import `module`; "" when none.
-inline std::string find_python(const std::string& preferred, const std::string& module) {
-  std::vector<std::string> cands;
-  if (!preferred.empty()) cands.push_back(preferred);
-  cands.push_back("python3");
-  cands.push_back("/usr/bin/python3");
-  for (const auto& c : cands) {
-    const std::string cmd = shell_quote(c) + " -c 'import " + module + "' >/dev/null 2>&1";
-    if (std::system(cmd.c_str()) == 0) return c;
-  }
-  return "";
-}
-
 /// Runs experiments/transformer/peer_torch.py with `args` (already quoted) and --out JSON; returns
 /// the parsed JSON, or an object {"skipped": reason} when python/torch is missing or it failed.
-inline dcexp::json::Value run_peer(const std::string& python, const std::string& args, const std::string& json_path) {
-  namespace json = dcexp::json;
-  json::Value skipped = json::Value::object();
+inline dcexp::json run_peer(const std::string& python, const std::string& args, const std::string& json_path) {
+  using dcexp::json;
+  json skipped = json::object();
   const std::string py = find_python(python, "torch");
   if (py.empty()) {
     skipped["skipped"] = "no python3 with torch";
@@ -109,7 +80,7 @@ inline dcexp::json::Value run_peer(const std::string& python, const std::string&
     return skipped;
   }
   try {
-    return json::parse_file(json_path);
+    return dcexp::read_json_file(json_path);
   } catch (const std::exception& e) {
     skipped["skipped"] = std::string("unreadable peer output: ") + e.what();
     return skipped;

@@ -15,8 +15,9 @@
 
 #include "charlm.hpp"
 #include "common/cli.hpp"
-#include "common/json_lite.hpp"
+#include "common/json.hpp"
 #include "common/report.hpp"
+#include "common/text.hpp"
 #include "driver_util.hpp"
 #include "dualcast/error.hpp"
 #include "network.hpp"
@@ -24,8 +25,10 @@
 
 namespace {
 
-namespace json = dcexp::json;
+using dcexp::json;
 using namespace transformer;
+using dcexp::fmt;
+using dcexp::log_line;
 using driver::positive;
 
 constexpr const char* kUsage = R"(usage: transformer_experiment [options]
@@ -112,17 +115,9 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-std::string fmt(const char* f, double x) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, x);
-  return buf;
-}
-
-void log_line(const std::string& s) { std::cerr << s << std::endl; }
-
-json::Value log_json(const TrainLog& l) {
-  json::Value v = json::Value::object();
-  json::Value st = json::Value::array(), sec = json::Value::array(), tr = json::Value::array(), va = json::Value::array();
+json log_json(const TrainLog& l) {
+  json v = json::object();
+  json st = json::array(), sec = json::array(), tr = json::array(), va = json::array();
   for (std::size_t i = 0; i < l.step.size(); ++i) {
     st.push_back(l.step[i]);
     sec.push_back(l.train_seconds[i]);
@@ -167,8 +162,8 @@ int run(const Options& o) {
   const int step_reps = o.step_reps >= 0 ? o.step_reps : (gpu ? 20 : 3);
   std::filesystem::create_directories(o.out);
 
-  json::Value root = json::Value::object();
-  json::Value meta = json::Value::object();
+  json root = json::object();
+  json meta = json::object();
   meta["time"] = dcexp::iso_time();
   meta["device"] = dualcast::device_name(dev);
   meta["config"] = "layers " + std::to_string(cfg.model.layers) + " heads " + std::to_string(cfg.model.heads) +
@@ -178,25 +173,25 @@ int run(const Options& o) {
       cfg.model.attention == AttentionImpl::automatic ? (gpu ? AttentionImpl::fused : AttentionImpl::composed)
                                                       : cfg.model.attention);
   root["meta"] = meta;
-  log_line("transformer_experiment on " + dualcast::device_name(dev) + ": " + meta.get("config").str());
+  log_line("transformer_experiment on " + dualcast::device_name(dev) + ": " + meta.at("config").get<std::string>());
 
   // ---- 1. validation --------------------------------------------------------------------------
   if (gpu) {
     const ImplComparison c = compare_attention_impls(cfg);
     log_line("[validate] " + c.message);
-    json::Value v = json::Value::object();
+    json v = json::object();
     v["fused_vs_composed"] = c.message;
     v["ok"] = c.ok;
     root["validation"] = v;
     if (!c.ok) {
-      json::write_file(o.out + "/results.json", root);
+      dcexp::write_json_file(o.out + "/results.json", root);
       std::cerr << "transformer_experiment: validation failed\n";
       return 4;
     }
   }
 
   // ---- 2. the training step, timed ---------------------------------------------------------------
-  json::Value steps = json::Value::array();
+  json steps = json::array();
   std::vector<std::pair<std::string, double>> table;
   if (step_reps > 0) {
     std::vector<std::pair<std::string, AttentionImpl>> variants{{"dualcast_fused", AttentionImpl::fused},
@@ -206,7 +201,7 @@ int run(const Options& o) {
       TrainConfig c = cfg;
       c.model.attention = impl;
       const StepTiming t = time_training_step(c, std::max(2, step_reps / 4), step_reps);
-      json::Value r = json::Value::object();
+      json r = json::object();
       r["method"] = name;
       r["median_ms"] = t.ms_median;
       r["p10_ms"] = t.ms_p10;
@@ -235,14 +230,17 @@ int run(const Options& o) {
           " --context " + std::to_string(cfg.model.context) + " --batch " + std::to_string(cfg.batch) +
           " --lr " + fmt("%g", cfg.lr) + " --methods " + driver::shell_quote(o.peer_methods) + " --reps " +
           std::to_string(step_reps) + (gpu ? "" : " --allow-cpu");
-      const json::Value peer = driver::run_peer(o.python, args, o.out + "/peer_step.json");
+      const json peer = driver::run_peer(o.python, args, o.out + "/peer_step.json");
       root["peers_raw"] = peer;
-      if (const json::Value* recs = peer.find("records"))
-        for (const auto& r : recs->items()) {
+      using dcexp::member, dcexp::number_or, dcexp::string_or;
+      if (const json& recs = member(peer, "records"); recs.is_array())
+        for (const auto& r : recs) {
           steps.push_back(r);
-          if (r.get("median_ms").is_number()) table.emplace_back("torch_" + r.get("method").str(), r.get("median_ms").number());
-          log_line("[step] torch " + r.get("method").str() + ": " + fmt("%.3f", r.get("median_ms").number()) +
-                   " ms, validated " + (r.get("validated").boolean() ? "yes" : "NO") + " (" + r.get("note").str() + ")");
+          const std::string method = string_or(member(r, "method"));
+          const double med = number_or(member(r, "median_ms"));
+          if (member(r, "median_ms").is_number()) table.emplace_back("torch_" + method, med);
+          log_line("[step] torch " + method + ": " + fmt("%.3f", med) + " ms, validated " +
+                   (dcexp::bool_or(member(r, "validated")) ? "yes" : "NO") + " (" + string_or(member(r, "note")) + ")");
         }
     }
   }
@@ -286,7 +284,7 @@ int run(const Options& o) {
   }
 
   // ---- results --------------------------------------------------------------------------------------
-  json::Value training = json::Value::object();
+  json training = json::object();
   std::ofstream csv(o.out + "/training.csv");
   csv.precision(9);
   csv << "model,step,train_seconds,train_bpc,valid_bpc\n";
@@ -297,8 +295,8 @@ int run(const Options& o) {
           << tl.valid_bpc[i] << "\n";
   }
   if (have_hm) {
-    json::Value h = json::Value::object();
-    json::Value st = json::Value::array(), sec = json::Value::array(), tr = json::Value::array(), va = json::Value::array();
+    json h = json::object();
+    json st = json::array(), sec = json::array(), tr = json::array(), va = json::array();
     std::vector<double> hsec;
     for (std::size_t i = 0; i < hl.step.size(); ++i) {
       const double s = hl.step[i] * hl.ms_per_step * 1e-3;  // steps take equal time: seconds at the entry
@@ -317,7 +315,7 @@ int run(const Options& o) {
     h["ms_per_step"] = hl.ms_per_step;
     training["hmlstm"] = h;
     const double t_eq = std::min(hl.train_seconds, tl.train_seconds_total);
-    json::Value cmp = json::Value::object();
+    json cmp = json::object();
     cmp["equal_time_seconds"] = t_eq;
     cmp["transformer_valid_bpc"] = interpolate(tl.train_seconds, tl.valid_bpc, t_eq);
     cmp["hmlstm_valid_bpc"] = interpolate(hsec, hl.valid_bpc, t_eq);
@@ -328,9 +326,10 @@ int run(const Options& o) {
     training["equal_time"] = cmp;
   }
   root["training"] = training;
-  json::write_file(o.out + "/results.json", root);
+  dcexp::write_json_file(o.out + "/results.json", root);
 
-  std::cout << "\ntransformer_experiment (" << meta.get("device").str() << ", " << meta.get("config").str() << ")\n";
+  std::cout << "\ntransformer_experiment (" << meta.at("device").get<std::string>() << ", "
+            << meta.at("config").get<std::string>() << ")\n";
   if (!table.empty()) {
     std::cout << "training step (forward, backward, Adam), median ms:\n";
     for (const auto& [name, ms] : table) std::cout << "  " << name << std::string(22 - std::min<std::size_t>(21, name.size()), ' ') << fmt("%9.3f", ms) << "\n";
@@ -340,15 +339,15 @@ int run(const Options& o) {
               << " s of training, valid bits/char " << fmt("%.4f", tl.valid_bpc.front()) << " -> "
               << fmt("%.4f", tl.valid_bpc.back()) << "\n";
   if (have_hm) {
-    const auto& cmp = training.get("equal_time");
-    std::cout << "HM-LSTM:     " << cmp.get("hmlstm_steps").number() << " steps, " << fmt("%.1f", hl.train_seconds)
+    const auto& cmp = training.at("equal_time");
+    std::cout << "HM-LSTM:     " << cmp.at("hmlstm_steps").get<double>() << " steps, " << fmt("%.1f", hl.train_seconds)
               << " s of training, valid bits/char " << fmt("%.4f", hl.valid_bpc.front()) << " -> "
               << fmt("%.4f", hl.valid_bpc.back()) << "\n"
-              << "at equal training time (" << fmt("%.1f", cmp.get("equal_time_seconds").number())
-              << " s): transformer " << fmt("%.4f", cmp.get("transformer_valid_bpc").number()) << ", HM-LSTM "
-              << fmt("%.4f", cmp.get("hmlstm_valid_bpc").number()) << " bits/char (validation; best along the way "
-              << fmt("%.4f", cmp.get("transformer_best_valid_bpc").number()) << " and "
-              << fmt("%.4f", cmp.get("hmlstm_best_valid_bpc").number()) << ")\n";
+              << "at equal training time (" << fmt("%.1f", cmp.at("equal_time_seconds").get<double>())
+              << " s): transformer " << fmt("%.4f", cmp.at("transformer_valid_bpc").get<double>()) << ", HM-LSTM "
+              << fmt("%.4f", cmp.at("hmlstm_valid_bpc").get<double>()) << " bits/char (validation; best along the way "
+              << fmt("%.4f", cmp.at("transformer_best_valid_bpc").get<double>()) << " and "
+              << fmt("%.4f", cmp.at("hmlstm_best_valid_bpc").get<double>()) << ")\n";
   }
   std::cout << "wrote " << o.out << "/results.json, " << o.out << "/training.csv\n";
   return 0;
@@ -357,13 +356,5 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(parse(argc, argv));
-  } catch (const dcexp::cli::UsageError& e) {
-    std::cerr << "transformer_experiment: " << e.what() << "\n";
-    return 2;
-  } catch (const std::exception& e) {
-    std::cerr << "transformer_experiment: error: " << e.what() << "\n";
-    return 1;
-  }
+  return dcexp::cli::report_errors("transformer_experiment", [&] { return run(parse(argc, argv)); });
 }

@@ -14,35 +14,14 @@ transformer_experiment (e.g. --peers, --steps 3000); --bench-args "..." go to at
 import argparse
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 CANDIDATES = ("build/release", "build/ci", "build/cpu-only", "build-cuda", "build")
-
-
-def gpu_present():
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return False
-    try:
-        r = subprocess.run([smi, "-L"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return r.returncode == 0 and b"GPU" in r.stdout
-
-
-def cuda_build(d):
-    try:
-        with open(os.path.join(d, "CMakeCache.txt")) as fh:
-            text = fh.read()
-    except OSError:
-        return False
-    return "DUALCAST_ENABLE_CUDA:BOOL=OFF" not in text and any(
-        line.startswith("CMAKE_CUDA_COMPILER:") and not line.rstrip().endswith(("NOTFOUND", "="))
-        for line in text.splitlines())
+sys.path.insert(0, os.path.join(ROOT, "experiments", "common"))
+from runner import gpu_present, is_cuda_build, python_with  # noqa: E402
 
 
 def find(binary, build):
@@ -52,17 +31,8 @@ def find(binary, build):
         return p if os.path.isfile(p) else None
     found = [os.path.join(ROOT, b) for b in CANDIDATES if os.path.isfile(os.path.join(ROOT, b, rel))]
     if gpu_present():
-        found = [f for f in found if cuda_build(f)] + [f for f in found if not cuda_build(f)]
+        found = [f for f in found if is_cuda_build(f)] + [f for f in found if not is_cuda_build(f)]
     return os.path.join(found[0], rel) if found else None
-
-
-def plot_python():
-    for c in (sys.executable, "python3", "/usr/bin/python3"):
-        exe = c if os.path.isabs(c) else shutil.which(c)
-        if exe and subprocess.run([exe, "-c", "import matplotlib"], stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL).returncode == 0:
-            return exe
-    return None
 
 
 def main():
@@ -79,7 +49,7 @@ def main():
     jobs = [("transformer_experiment", ["--out", args.out] + rest, args.out)]
     if args.bench:
         jobs.append(("attention_bench", ["--out", args.bench_out] + shlex.split(args.bench_args), args.bench_out))
-    py = None if args.no_plots else plot_python()
+    py = None if args.no_plots else python_with("matplotlib")
     status = 0
     for binary, opts, out in jobs:
         exe = find(binary, args.build)

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "common/json_lite.hpp"
+#include "common/json.hpp"
 #include "dualcast/gradcheck.hpp"
 #include "dualcast/ops/elementwise.hpp"
 #include "dualcast/ops/reduce.hpp"
@@ -213,13 +213,13 @@ TEST_P(Transformer_, ValidationDirectoryHoldsEveryParameterAndGradient) {
   cfg.batch = 2;
   const std::string dir = ::testing::TempDir() + "transformer_valdir_" + dualcast::testing::device_label(dev());
   write_validation(dir, cfg);
-  const auto m = dcexp::json::parse_file(dir + "/manifest.json");
+  const auto m = dcexp::read_json_file(dir + "/manifest.json");
   const Transformer model(cfg.model);
   for (const auto& n : model.param_names()) {
-    EXPECT_TRUE(m.get("arrays").find("param_" + n)) << n;
-    EXPECT_TRUE(m.get("arrays").find("grad_" + n)) << n;
+    EXPECT_TRUE(dcexp::member(m, "arrays").contains("param_" + n)) << n;
+    EXPECT_TRUE(dcexp::member(m, "arrays").contains("grad_" + n)) << n;
   }
-  EXPECT_TRUE(std::isfinite(m.get("scalars").get("loss").number()));
+  EXPECT_TRUE(std::isfinite(dcexp::number_or(dcexp::member(dcexp::member(m, "scalars"), "loss"))));
   EXPECT_EQ(std::filesystem::file_size(dir + "/tokens.bin"), 7u * 2u * 4u);
 }
 

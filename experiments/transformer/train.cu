@@ -10,7 +10,7 @@
 #include <memory>
 
 #include "charlm.hpp"
-#include "common/json_lite.hpp"
+#include "common/json.hpp"
 #include "dualcast/error.hpp"
 #include "dualcast/memory.hpp"
 #include "dualcast/ops/elementwise.hpp"
@@ -19,9 +19,6 @@
 #include "dualcast/tape.hpp"
 
 #include "common/gpu_timing.hpp"
-#if defined(__CUDACC__)
-#include "dualcast/stream.hpp"
-#endif
 
 namespace transformer {
 
@@ -146,16 +143,7 @@ StepTiming time_training_step(const TrainConfig& cfg, int warmup, int reps) {
     loss.backward();
     opt.step();
   };
-  dcexp::StepTimes t;
-  const Device dev = cfg.model.device;
-#if defined(__CUDACC__)
-  if (dev.is_cuda()) {
-    t = dcexp::time_steps_cuda(prepare, step, warmup, reps, detail::stream(dev));
-  } else
-#endif
-  {
-    t = dcexp::time_steps_wall(prepare, step, [&] { synchronize(dev); }, warmup, reps);
-  }
+  const dcexp::StepTimes t = dcexp::time_steps(cfg.model.device, prepare, step, warmup, reps);
   const dcexp::Summary& s = t.primary();
   out.ms_median = s.median;
   out.ms_p10 = s.p10;
@@ -216,7 +204,7 @@ void write_raw(const std::filesystem::path& file, const std::vector<T>& v) {
 
 void write_validation(const std::string& dir, const TrainConfig& cfg) {
   namespace fs = std::filesystem;
-  namespace json = dcexp::json;
+  using dcexp::json;
   const fs::path root(dir);
   std::error_code ec;
   fs::create_directories(root, ec);
@@ -228,12 +216,12 @@ void write_validation(const std::string& dir, const TrainConfig& cfg) {
   const Tensor tokens = data.train(0);
   Var loss = model.loss(tokens);
   loss.backward();
-  json::Value manifest = json::Value::object();
-  json::Value& arrays = manifest["arrays"];
-  arrays = json::Value::object();
+  json manifest = json::object();
+  json& arrays = manifest["arrays"];
+  arrays = json::object();
   auto add_array = [&](const std::string& name, const Shape& shape, const char* dtype) {
-    json::Value meta = json::Value::object();
-    json::Value sh = json::Value::array();
+    json meta = json::object();
+    json sh = json::array();
     for (int i = 0; i < shape.rank(); ++i) sh.push_back(static_cast<long long>(shape[i]));
     meta["file"] = name + ".bin";
     meta["shape"] = sh;
@@ -252,8 +240,8 @@ void write_validation(const std::string& dir, const TrainConfig& cfg) {
     write_raw(root / ("grad_" + n + ".bin"), p.grad().to_vector<float>());
     add_array("grad_" + n, p.shape(), "float32");
   }
-  json::Value& sc = manifest["scalars"];
-  sc = json::Value::object();
+  json& sc = manifest["scalars"];
+  sc = json::object();
   sc["loss"] = loss.item();
   sc["layers"] = c.model.layers;
   sc["heads"] = c.model.heads;
@@ -262,10 +250,10 @@ void write_validation(const std::string& dir, const TrainConfig& cfg) {
   sc["vocab"] = c.model.vocab;
   sc["mlp_ratio"] = c.model.mlp_ratio;
   sc["batch"] = c.batch;
-  json::Value names = json::Value::array();
+  json names = json::array();
   for (const auto& n : model.param_names()) names.push_back(n);
   manifest["param_names"] = names;
-  json::write_file((root / "manifest.json").string(), manifest);
+  dcexp::write_json_file((root / "manifest.json").string(), manifest);
 }
 
 }  // namespace transformer

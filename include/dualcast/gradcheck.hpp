@@ -53,6 +53,43 @@ inline double relative_error(double got, double want) {
   return std::fabs(got - want) / scale;
 }
 
+/// How array_error scales the differences of two arrays.
+enum class ErrorScale {
+  /// max |got - want| / max |want|: normwise in the max norm (experiments/peers/valdir.py's
+  /// array_rel_err), so small entries are judged against the array's largest; an all-zero reference
+  /// accepts only all-zero results.
+  largest,
+  /// max |got - want| / max(1, max |want|): as `largest`, but arrays of small values judged absolutely.
+  largest_or_one,
+  /// max over the elements of relative_error(got_i, want_i): each element against itself.
+  elementwise,
+};
+
+/// The error of a whole array against a reference (anything with size() and operator[] giving
+/// numbers; the tests, the experiments' validations and the benchmarks' checks all measure with it).
+/// Infinity for a length mismatch or a NaN anywhere, so that it never passes a tolerance; an
+/// infinite reference entry agrees with the same infinity and does not count in the scale.
+template <class Got, class Want>
+double array_error(const Got& got, const Want& want, ErrorScale scale) {
+  if (got.size() != want.size()) return INFINITY;
+  double worst = 0.0, largest = scale == ErrorScale::largest ? 0.0 : 1.0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double g = static_cast<double>(got[i]), w = static_cast<double>(want[i]);
+    if (std::isinf(w) && g == w) continue;
+    const double d = std::fabs(g - w);
+    if (!std::isfinite(d)) return INFINITY;
+    if (scale == ErrorScale::elementwise) {
+      worst = std::fmax(worst, d / std::fmax(1.0, std::fabs(w)));
+    } else {
+      worst = std::fmax(worst, d);
+      largest = std::fmax(largest, std::fabs(w));
+    }
+  }
+  if (scale == ErrorScale::elementwise) return worst;
+  if (largest == 0.0) return worst == 0.0 ? 0.0 : INFINITY;
+  return worst / largest;
+}
+
 }  // namespace dualcast
 
 // ---- tape-level checker ---------------------------------------------------------------------------
@@ -66,6 +103,12 @@ inline double relative_error(double got, double want) {
 #include "dualcast/tape.hpp"
 
 namespace dualcast {
+
+/// array_error of two tensors, copied to the host in double; infinity for different shapes.
+inline double array_error(const Tensor& got, const Tensor& want, ErrorScale scale) {
+  if (got.shape() != want.shape()) return INFINITY;
+  return array_error(got.to_vector<double>(), want.to_vector<double>(), scale);
+}
 
 /// What check_gradients found: the worst relative error over all checked elements and where.
 struct GradCheckResult {

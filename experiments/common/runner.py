@@ -1,0 +1,51 @@
+"""runner.py: what the experiments' run.py scripts share (hmlstm, resnet, transformer): whether a GPU
+is present, whether a build folder is a CUDA build, and which Python interpreter has a module."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+
+def gpu_present():
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return False
+    try:
+        r = subprocess.run([smi, "-L"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return r.returncode == 0 and b"GPU" in r.stdout
+
+
+def is_cuda_build(build_dir):
+    """A build configured with the CUDA backend (nvcc found and DUALCAST_ENABLE_CUDA not OFF)."""
+    try:
+        with open(os.path.join(build_dir, "CMakeCache.txt")) as fh:
+            text = fh.read()
+    except OSError:
+        return False
+    if "DUALCAST_ENABLE_CUDA:BOOL=OFF" in text:
+        return False
+    for line in text.splitlines():
+        if line.startswith("CMAKE_CUDA_COMPILER:"):
+            value = line.split("=", 1)[1].strip()
+            return bool(value) and not value.endswith("NOTFOUND")
+    return False
+
+
+def python_with(module):
+    """The first of this interpreter, python3 and /usr/bin/python3 that can import `module`, or None."""
+    cands = [sys.executable, "python3", "/usr/bin/python3"]
+    seen = set()
+    for c in cands:
+        if not c or c in seen:
+            continue
+        seen.add(c)
+        exe = shutil.which(c) if not os.path.isabs(c) else c
+        if not exe or not os.path.exists(exe):
+            continue
+        r = subprocess.run([exe, "-c", "import %s" % module], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if r.returncode == 0:
+            return exe
+    return None
