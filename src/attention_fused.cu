@@ -80,7 +80,7 @@ bool aligned16(std::initializer_list<const void*> ptrs) {
 template <class T, int D_PAD>
 struct Config {
   static constexpr bool kFloat = std::is_same_v<T, float>;
-  static constexpr int TM = kFloat ? (D_PAD == 64 ? 8 : 4) : (D_PAD <= 64 ? 4 : 2);
+  static constexpr int TM = kFloat ? 4 : (D_PAD <= 64 ? 4 : 2);  // float D64 also 8: forward_rows_per_lane
   static constexpr int TK = kFloat ? (D_PAD <= 64 ? 4 : 2) : (D_PAD <= 64 ? 2 : 1);
 };
 
@@ -169,12 +169,15 @@ void launch_backward(const Dims& d, const MaskView& mask, const Tensor& q, const
   launch_blocks(attention_backward_kernel<T, D_PAD, TK>, p.heads * p.k_tiles, smem, dev, p);
 }
 
-/// The float32, head_dim 64 forward comes in two tile shapes: 8 rows per lane (128 query rows per
-/// block, 2 blocks per SM; the default) or 4 (64 rows, 3 blocks per SM). DUALCAST_ATTENTION_FWD_TM=4
-/// selects the second, for benchmarks that compare them (read at every call: a benchmark may switch).
+/// The float32, head_dim 64 forward comes in two tile shapes: 4 rows per lane (64 query rows per
+/// block, 164 registers, 3 blocks per SM; the default) or 8 (128 rows, 249 registers, 2 blocks per
+/// SM). The kernels are latency-bound at this occupancy (ncu, experiments/transformer/README.md), so
+/// the third block pays: on an H200 the forward took 3-10 % less time with 4 rows at seq 1024-4096
+/// (paper/measured/h200-2026-11-26/). DUALCAST_ATTENTION_FWD_TM=8 selects the other shape, for
+/// benchmarks that compare them (read at every call: a benchmark may switch).
 int forward_rows_per_lane() {
   const char* e = std::getenv("DUALCAST_ATTENTION_FWD_TM");
-  return e && std::string(e) == "4" ? 4 : 8;
+  return e && std::string(e) == "8" ? 8 : 4;
 }
 
 /// Calls fn.template operator()<T, D_PAD>() for q's dtype and the padded head dimension.
@@ -203,7 +206,7 @@ void fused_forward(const Dims& d, const MaskView& mask, const Tensor& q, const T
   detail::DeviceGuard guard(q.device());
   dispatch(q.dtype(), d.D, [&]<class T, int D_PAD>() {
     if constexpr (std::is_same_v<T, float> && D_PAD == 64) {
-      if (forward_rows_per_lane() == 4) return launch_forward<T, D_PAD, 4>(d, mask, q, k, v, o, lse);
+      if (forward_rows_per_lane() == 8) return launch_forward<T, D_PAD, 8>(d, mask, q, k, v, o, lse);
     }
     launch_forward<T, D_PAD, Config<T, D_PAD>::TM>(d, mask, q, k, v, o, lse);
   });

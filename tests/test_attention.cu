@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <string>
 #include <vector>
@@ -291,6 +292,35 @@ TEST_P(Attention, FusedEqualsComposedAtTrainingSize) {
   expect_fused_equals_composed({8, 4, 128, 128, 64, 64, true}, dev(), DType::float32, 3000);
   expect_fused_equals_composed({2, heads, 1024, 1024, 64, 64, true}, dev(), DType::float32, 3001);
   expect_fused_equals_composed({2, heads, 1000, 1000, 64, 64, false}, dev(), DType::float32, 3002);
+}
+
+// The float32 head_dim-64 forward has two tile shapes (attention_fused.cu: 4 rows per lane, the
+// default, or 8 with DUALCAST_ATTENTION_FWD_TM=8); each must equal the composed version.
+TEST_P(Attention, BothFloat32ForwardTileShapesEqualComposed) {
+  if (dev().is_cpu()) GTEST_SKIP() << "the fused kernels run on CUDA devices";
+  struct RestoreEnv {
+    std::string old;
+    bool had;
+    RestoreEnv() : had(std::getenv("DUALCAST_ATTENTION_FWD_TM") != nullptr) {
+      if (had) old = std::getenv("DUALCAST_ATTENTION_FWD_TM");
+    }
+    ~RestoreEnv() {
+      if (had) setenv("DUALCAST_ATTENTION_FWD_TM", old.c_str(), 1);
+      else unsetenv("DUALCAST_ATTENTION_FWD_TM");
+    }
+  } restore;
+  std::uint64_t seed = 4000;
+  for (const char* tm : {"4", "8"}) {
+    setenv("DUALCAST_ATTENTION_FWD_TM", tm, 1);
+    SCOPED_TRACE(std::string("DUALCAST_ATTENTION_FWD_TM=") + tm);
+    for (bool causal : {false, true}) {
+      expect_fused_equals_composed({2, 3, 200, 200, 64, 64, causal}, dev(), DType::float32, seed += 10);
+      expect_fused_equals_composed({1, 2, 65, 129, 64, 64, causal}, dev(), DType::float32, seed += 10);
+      expect_fused_equals_composed({1, 2, 300, 63, 64, 64, causal}, dev(), DType::float32, seed += 10);
+      expect_fused_equals_composed({2, 2, 150, 150, 64, 64, causal, MaskKind::boolean, Shape{2, 1, 1, 150}},
+                                   dev(), DType::float32, seed += 10);
+    }
+  }
 }
 
 // ---- fully masked rows ----------------------------------------------------------------------------

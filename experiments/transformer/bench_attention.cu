@@ -52,9 +52,9 @@ Options:
   --tokens N               batch = max(1, tokens / seq) (GPU default 32768, CPU 256)
   --causal LIST            0 (no mask), 1 (causal) or both (default 0,1)
   --reps N --warmup N      timed and untimed repetitions (GPU default 30 and 5; CPU 3 and 1)
-  --fwd-tm LIST            float32 head_dim-64 forward tile heights to time: 8 (128 query rows per
-                           block, the default shape) and/or 4 (64 rows); 4 is recorded as
-                           dualcast_fused_tm4 (default 8)
+  --fwd-tm LIST            float32 head_dim-64 forward tile heights to time: 4 (64 query rows per
+                           block, the library's default shape) and/or 8 (128 rows); 8 is recorded
+                           as dualcast_fused_tm8 (default 4)
   --peers                  time PyTorch too (peer_torch.py attention), validated against dualcast
   --python PATH            interpreter for the peer (default: the first python3 with torch)
   --out DIR                output folder (default results/attention)
@@ -70,7 +70,7 @@ struct Options {
   long long tokens = -1;
   std::vector<long long> causal{0, 1};
   int reps = -1, warmup = -1;
-  std::vector<long long> fwd_tm{8};
+  std::vector<long long> fwd_tm{4};
   bool peers = false;
   std::string python;
   std::string out = "results/attention";
@@ -221,8 +221,8 @@ int run(const Options& o) {
       std::vector<Variant> variants;
       if (gpu)
         for (long long tm : o.fwd_tm)
-          variants.push_back({tm == 8 ? "dualcast_fused" : "dualcast_fused_tm4", AttentionImpl::fused, tm == 8 ? "8" : "4"});
-      variants.push_back({"dualcast_composed", AttentionImpl::composed, "8"});
+          variants.push_back({tm == 4 ? "dualcast_fused" : "dualcast_fused_tm8", AttentionImpl::fused, tm == 4 ? "4" : "8"});
+      variants.push_back({"dualcast_composed", AttentionImpl::composed, "4"});
       for (const Variant& var : variants) {
         const AttentionImpl impl = var.impl;
         setenv("DUALCAST_ATTENTION_FWD_TM", var.fwd_tm, 1);
