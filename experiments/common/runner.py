@@ -1,5 +1,6 @@
 """runner.py: what the experiments' run.py scripts share (hmlstm, resnet, transformer): whether a GPU
-is present, whether a build folder is a CUDA build, and which Python interpreter has a module."""
+is present, whether a build folder is a CUDA build, where a driver binary is, and which Python
+interpreter has a module."""
 
 import os
 import shutil
@@ -32,6 +33,19 @@ def is_cuda_build(build_dir):
             value = line.split("=", 1)[1].strip()
             return bool(value) and not value.endswith("NOTFOUND")
     return False
+
+
+def find_binary(root, rel, build, candidates, prefer_cuda):
+    """The binary `rel` (relative to a build folder): under `build` when one is given (None if it is
+    not there); else under the first of `candidates` (folders relative to `root`) that holds it,
+    CUDA-enabled builds first when `prefer_cuda`."""
+    if build:
+        p = os.path.join(build, rel)
+        return p if os.path.isfile(p) else None
+    found = [os.path.join(root, b) for b in candidates if os.path.isfile(os.path.join(root, b, rel))]
+    if prefer_cuda:
+        found = [f for f in found if is_cuda_build(f)] + [f for f in found if not is_cuda_build(f)]
+    return os.path.join(found[0], rel) if found else None
 
 
 def python_with(module):

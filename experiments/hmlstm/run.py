@@ -22,23 +22,16 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 CANDIDATE_BUILDS = ("build-exp-cuda", "build-cuda", "build", "build-exp", "build-cpu")
 REL_BIN = os.path.join("experiments", "hmlstm", "hmlstm_experiment")
 sys.path.insert(0, os.path.join(ROOT, "experiments", "common"))
-from runner import gpu_present, is_cuda_build, python_with  # noqa: E402
+from runner import find_binary, gpu_present, is_cuda_build, python_with  # noqa: E402
 
 
 def find_driver(build):
-    if build:
-        p = os.path.join(build, REL_BIN)
-        return p if os.path.isfile(p) else None
-    found = [os.path.join(ROOT, b) for b in CANDIDATE_BUILDS if os.path.isfile(os.path.join(ROOT, b, REL_BIN))]
-    if not found:
-        return None
-    if gpu_present():
-        cuda = [b for b in found if is_cuda_build(b)]
-        if cuda:
-            return os.path.join(cuda[0], REL_BIN)
+    gpu = gpu_present()
+    driver = find_binary(ROOT, REL_BIN, build, CANDIDATE_BUILDS, gpu)
+    if driver and gpu and not build and not is_cuda_build(driver[: -len(REL_BIN)]):
         print("run.py: note: a GPU is present but no CUDA-enabled build of the driver was found; "
-              "running %s on the CPU" % found[0], file=sys.stderr)
-    return os.path.join(found[0], REL_BIN)
+              "running %s on the CPU" % driver, file=sys.stderr)
+    return driver
 
 
 def main():

@@ -34,12 +34,7 @@ CPU_ARGS = ["--width", "8", "--train-subset", "2000", "--test-subset", "1000", "
 
 
 def find_driver(build, want_cuda):
-    cands = [build] if build else [os.path.join(ROOT, b) for b in CANDIDATE_BUILDS]
-    found = [b for b in cands if os.path.isfile(os.path.join(b, REL_BIN))]
-    if want_cuda:
-        cuda = [b for b in found if runner.is_cuda_build(b)]
-        found = cuda or found
-    return os.path.join(found[0], REL_BIN) if found else None
+    return runner.find_binary(ROOT, REL_BIN, build, CANDIDATE_BUILDS, want_cuda)
 
 
 def main():

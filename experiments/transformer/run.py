@@ -21,18 +21,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 CANDIDATES = ("build/release", "build/ci", "build/cpu-only", "build-cuda", "build")
 sys.path.insert(0, os.path.join(ROOT, "experiments", "common"))
-from runner import gpu_present, is_cuda_build, python_with  # noqa: E402
+from runner import find_binary, gpu_present, python_with  # noqa: E402
 
 
 def find(binary, build):
-    rel = os.path.join("experiments", "transformer", binary)
-    if build:
-        p = os.path.join(build, rel)
-        return p if os.path.isfile(p) else None
-    found = [os.path.join(ROOT, b) for b in CANDIDATES if os.path.isfile(os.path.join(ROOT, b, rel))]
-    if gpu_present():
-        found = [f for f in found if is_cuda_build(f)] + [f for f in found if not is_cuda_build(f)]
-    return os.path.join(found[0], rel) if found else None
+    return find_binary(ROOT, os.path.join("experiments", "transformer", binary), build, CANDIDATES, gpu_present())
 
 
 def main():
