@@ -22,7 +22,10 @@
 // 16-byte bank groups (no conflicts) and every operand moves as a 16-byte load (ld4); products over
 // keys or queries read a row of P (or dS) at a time. Per four columns of the reduction a lane does
 // 32 TM FMAs for TM + 8 16-byte loads (S: 256 for 16 at TM = 8) and 4 TM D_PAD / 8 FMAs for
-// TM + D_PAD / 8 loads (P V). Tiles arrive by cp.async while the block computes (the next K during
+// TM + D_PAD / 8 loads (P V); the reduction loops are unrolled (kUnroll*) so that a warp's next loads
+// overlap its FMAs. Tiles wholly inside Sq x Sk with no mask to apply (interior_tile: no mask, and
+// with causal masking below the diagonal) skip the per-element mask checks, which cost the forward
+// about 15 % and the backward about 10 % at seq 1024-4096. Tiles arrive by cp.async while the block computes (the next K during
 // P V, the next V during S; the next Q and dO during dQ), into the same buffers, so pipelining costs
 // no shared memory; shared memory then sets the occupancy (2 blocks of 4 warps per SM at head_dim
 // 64), and __launch_bounds__ says so to ptxas (see blocks_per_sm).
@@ -169,15 +172,17 @@ void launch_backward(const Dims& d, const MaskView& mask, const Tensor& q, const
   launch_blocks(attention_backward_kernel<T, D_PAD, TK>, p.heads * p.k_tiles, smem, dev, p);
 }
 
-/// The float32, head_dim 64 forward comes in two tile shapes: 4 rows per lane (64 query rows per
-/// block, 164 registers, 3 blocks per SM; the default) or 8 (128 rows, 249 registers, 2 blocks per
-/// SM). The kernels are latency-bound at this occupancy (ncu, experiments/transformer/README.md), so
-/// the third block pays: on an H200 the forward took 3-10 % less time with 4 rows at seq 1024-4096
-/// (paper/measured/h200-2026-11-26/). DUALCAST_ATTENTION_FWD_TM=8 selects the other shape, for
+/// The float32, head_dim 64 forward comes in two tile shapes: 8 rows per lane (128 query rows per
+/// block, 2 blocks per SM) or 4 (64 rows, 3 blocks per SM). Measured on an H200 at seq 1024-4096
+/// (paper/measured/h200-2026-11-26b/): without causal masking 8 rows took 4-5 % less time; with it, 4
+/// rows took 1-6 % less up to seq 2048 (a causal block's diagonal tile is half wasted, and a smaller
+/// tile wastes less) and 2 % more at 4096. DUALCAST_ATTENTION_FWD_TM=4 or 8 forces a shape, for
 /// benchmarks that compare them (read at every call: a benchmark may switch).
-int forward_rows_per_lane() {
+int forward_rows_per_lane(const Dims& d) {
   const char* e = std::getenv("DUALCAST_ATTENTION_FWD_TM");
-  return e && std::string(e) == "8" ? 8 : 4;
+  if (e && std::string(e) == "8") return 8;
+  if (e && std::string(e) == "4") return 4;
+  return d.causal && d.Sq <= 2048 ? 4 : 8;
 }
 
 /// Calls fn.template operator()<T, D_PAD>() for q's dtype and the padded head dimension.
@@ -206,7 +211,7 @@ void fused_forward(const Dims& d, const MaskView& mask, const Tensor& q, const T
   detail::DeviceGuard guard(q.device());
   dispatch(q.dtype(), d.D, [&]<class T, int D_PAD>() {
     if constexpr (std::is_same_v<T, float> && D_PAD == 64) {
-      if (forward_rows_per_lane() == 8) return launch_forward<T, D_PAD, 8>(d, mask, q, k, v, o, lse);
+      if (forward_rows_per_lane(d) == 8) return launch_forward<T, D_PAD, 8>(d, mask, q, k, v, o, lse);
     }
     launch_forward<T, D_PAD, Config<T, D_PAD>::TM>(d, mask, q, k, v, o, lse);
   });

@@ -15,6 +15,16 @@
 
 namespace dualcast::attention_detail::kernels {
 
+// Unroll factors of the reduction loops of the tile products. Unrolled, ptxas issues the next
+// steps' shared-memory loads while the current FMAs run, so a warp hides its own load latency (two
+// or three warps per scheduler cannot hide it for one another). Measured on an H200 at seq 1024-4096
+// (experiments/transformer/README.md): the forward 4-5 % faster, the backward 7-10 %; more unrolling
+// (full) spills or slows the forward.
+constexpr int kUnrollHeadDim = 4;    ///< rows_by_rows: steps of 4 along the head dimension
+constexpr int kUnrollKeys = 4;       ///< rows_times_groups (O += P V): steps of 4 keys
+constexpr int kUnrollRowsDkDv = 8;   ///< backward dK, dV: query rows
+constexpr int kUnrollKeysDq = 4;     ///< backward dQ: steps of 4 keys
+
 // =================================================================================================
 // forward
 // =================================================================================================
@@ -42,38 +52,41 @@ constexpr int fwd_smem_bytes() {
 }
 
 /// Blocks per multiprocessor that shared memory allows (228 KB per SM on sm_90, 1 KB of it reserved
-/// per block); given to __launch_bounds__ so that ptxas budgets registers for that occupancy and
-/// no more (left alone, it aims at more blocks than shared memory admits and spills).
+/// per block), at most 3; given to __launch_bounds__ so that ptxas budgets registers for that
+/// occupancy and no more (left alone, it aims at more blocks than shared memory admits and spills).
+/// (Smaller tiles for more blocks per SM were measured slower: 32-key forward tiles at 4 blocks, 32-row
+/// backward tiles at 3; paper/measured/h200-2026-11-26b/.)
 constexpr int blocks_per_sm(int smem_bytes) {
   const int b = 233472 / (smem_bytes + 1024);
   return b < 1 ? 1 : (b > 3 ? 3 : b);
 }
 
-/// A lane's TR x 8 block of A B^T over the head dimension: rows r0 + i of A and rows ci + 8 j of B
+/// A lane's TR x NJ block of A B^T over the head dimension: rows r0 + i of A and rows ci + 8 j of B
 /// (both pitch LD). S = Q K^T in the forward; S^T = K Q^T and dP^T = V dO^T in the backward, whose
 /// S^T is thus the forward's S bit for bit (the same FMAs in the same order).
-template <class T, int D_PAD, int TR>
+template <class T, int D_PAD, int TR, int NJ>
 __device__ __forceinline__ void rows_by_rows(const T* __restrict__ A, const T* __restrict__ B, int r0,
-                                             int ci, T (&out)[TR][8]) {
+                                             int ci, T (&out)[TR][NJ]) {
   constexpr int LD = D_PAD + kPad<T>;
 #pragma unroll
   for (int i = 0; i < TR; ++i)
 #pragma unroll
-    for (int j = 0; j < 8; ++j) out[i][j] = T(0);
-#pragma unroll 1
+    for (int j = 0; j < NJ; ++j) out[i][j] = T(0);
+#pragma unroll kUnrollHeadDim
   for (int d = 0; d < D_PAD; d += 4) {
-    T a[TR][4];
+    // Every operand of the step first, then the TR x NJ independent FMAs of each e: no FMA waits
+    // for the one before it (an e-innermost order chains four per output).
+    T a[TR][4], bv[NJ][4];
 #pragma unroll
     for (int i = 0; i < TR; ++i) ld4(A + (r0 + i) * LD + d, a[i]);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      T bv[4];
-      ld4(B + (ci + 8 * j) * LD + d, bv);
+    for (int j = 0; j < NJ; ++j) ld4(B + (ci + 8 * j) * LD + d, bv[j]);
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
 #pragma unroll
       for (int i = 0; i < TR; ++i)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) out[i][j] = fma(a[i][e], bv[e], out[i][j]);
-    }
+        for (int j = 0; j < NJ; ++j) out[i][j] = fma(a[i][e], bv[j][e], out[i][j]);
   }
 }
 
@@ -82,7 +95,7 @@ __device__ __forceinline__ void rows_by_rows(const T* __restrict__ A, const T* _
 /// (pitch LD) that it owns: O += P V in the forward.
 template <int ROWS, int NG, int N, int LDA, int LD, class T>
 __device__ __forceinline__ void rows_times_groups(const T* A, const T* B, int ci, T (&acc)[ROWS][4 * NG]) {
-#pragma unroll 1
+#pragma unroll kUnrollKeys
   for (int c = 0; c < N; c += 4) {
     T a[ROWS][4];
 #pragma unroll
@@ -105,14 +118,16 @@ __device__ __forceinline__ void rows_times_groups(const T* A, const T* B, int ci
 template <class T, int D_PAD, int TM>
 __global__ void __launch_bounds__(kThreads, blocks_per_sm(fwd_smem_bytes<T, D_PAD, TM>()))
     attention_forward_kernel(const FwdParams<T> p) {
+  constexpr int KT = kKeyTile;
   constexpr int BR = kWarps * 4 * TM;
   constexpr int LD = D_PAD + kPad<T>;
-  constexpr int LDP = kKeyTile + kPad<T>;
+  constexpr int LDP = KT + kPad<T>;
+  constexpr int NJ = KT / 8;  // a lane's key columns: ci + 8 j
   constexpr int NG = D_PAD / 32;  // 16-byte groups of a lane's O columns: 4 ci + 32 g + (0..3)
   T* Qs = dynamic_smem<T>();
   T* Ks = Qs + BR * LD;
-  T* Vs = Ks + kKeyTile * LD;
-  T* Ps = Vs + kKeyTile * LD;  // per warp: 4 TM rows x LDP
+  T* Vs = Ks + KT * LD;
+  T* Ps = Vs + KT * LD;  // per warp: 4 TM rows x LDP
 
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
   const int ri = lane >> 3, ci = lane & 7;
@@ -140,40 +155,49 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(fwd_smem_bytes<T, D_PA
   }
 
   const std::int64_t kv_end = p.causal ? std::min<std::int64_t>(p.Sk, q0 + BR) : p.Sk;
-  const int n_tiles = static_cast<int>((kv_end + kKeyTile - 1) / kKeyTile);
+  const int n_tiles = static_cast<int>((kv_end + KT - 1) / KT);
   // Pipeline (one K and one V buffer): K of tile t + 1 lands while P V of tile t runs, V of tile
   // t + 1 while S of tile t + 1 runs. Groups in flight at the top of iteration t: K_t, V_t.
   load_rows_async<T, D_PAD, BR>(Qs, qg, q0, p.Sq, p.D, vec);
   if (n_tiles > 0) {
-    load_rows_async<T, D_PAD, kKeyTile>(Ks, kg, 0, p.Sk, p.D, vec);
+    load_rows_async<T, D_PAD, KT>(Ks, kg, 0, p.Sk, p.D, vec);
     cp_async_commit();  // with Q
-    load_rows_async<T, D_PAD, kKeyTile>(Vs, vg, 0, p.Sk, p.D, vec);
+    load_rows_async<T, D_PAD, KT>(Vs, vg, 0, p.Sk, p.D, vec);
     cp_async_commit();
   }
   for (int t = 0; t < n_tiles; ++t) {
-    const std::int64_t k0 = static_cast<std::int64_t>(t) * kKeyTile;
+    const std::int64_t k0 = static_cast<std::int64_t>(t) * KT;
     cp_async_wait<1>();  // K_t has landed (V_t may still be in flight)
     __syncthreads();     // ... for every thread; Q too, the first time
 
     // S = Q K^T for rows row_l0 + i, columns ci + 8 j.
-    T s[TM][8];
-    rows_by_rows<T, D_PAD, TM>(Qs, Ks, row_l0, ci, s);
+    T s[TM][NJ];
+    rows_by_rows<T, D_PAD, TM, NJ>(Qs, Ks, row_l0, ci, s);
 
-    // Masks, then the online softmax; P goes to this warp's rows of Ps.
+    // The raw scores times one constant (the backward recomputes exactly these values), masked
+    // where the tile reaches past Sk or Sq, meets the diagonal or a mask applies; then the online
+    // softmax, whose P goes to this warp's rows of Ps.
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+      for (int j = 0; j < NJ; ++j) s[i][j] *= p.smul;
+    if (!interior_tile(p.mask, p.causal, q0, BR, p.Sq, k0, KT, p.Sk)) {
+#pragma unroll
+      for (int i = 0; i < TM; ++i) {
+        const std::int64_t row = q0 + row_l0 + i;
+#pragma unroll
+        for (int j = 0; j < NJ; ++j) {
+          const std::int64_t col = k0 + ci + 8 * j;
+          if (col >= p.Sk) s[i][j] = neg_inf<T>();
+          else if (row < p.Sq) s[i][j] = apply_mask(p.mask, moff_bh, p.causal, row, col, s[i][j], p.mask_mul);
+        }
+      }
+    }
 #pragma unroll
     for (int i = 0; i < TM; ++i) {
-      const std::int64_t row = q0 + row_l0 + i;
       T mx = neg_inf<T>();
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const std::int64_t col = k0 + ci + 8 * j;
-        // The raw score times one constant: the backward recomputes exactly this value.
-        T x = s[i][j] * p.smul;
-        if (col >= p.Sk) x = neg_inf<T>();
-        else if (row < p.Sq) x = apply_mask(p.mask, moff_bh, p.causal, row, col, x, p.mask_mul);
-        s[i][j] = x;
-        mx = fmax(mx, x);
-      }
+      for (int j = 0; j < NJ; ++j) mx = fmax(mx, s[i][j]);
       mx = group8_max(mx);
       const T m_new = fmax(m[i], mx);
       const T m_use = m_new == neg_inf<T>() ? T(0) : m_new;  // all masked so far: no -inf - -inf
@@ -183,7 +207,7 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(fwd_smem_bytes<T, D_PA
 #pragma unroll
       for (int c = 0; c < 4 * NG; ++c) acc[i][c] *= alpha;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
+      for (int j = 0; j < NJ; ++j) {
         const T pj = exp2_of(s[i][j] - m_use);
         l[i] += pj;  // this lane's share of the row sum (combined at the end)
         Pw[i * LDP + ci + 8 * j] = pj;
@@ -192,15 +216,15 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(fwd_smem_bytes<T, D_PA
     cp_async_wait<0>();  // V_t has landed
     __syncthreads();     // ... for every thread; every read of Ks is done, every P is written
     if (t + 1 < n_tiles) {
-      load_rows_async<T, D_PAD, kKeyTile>(Ks, kg, k0 + kKeyTile, p.Sk, p.D, vec);
+      load_rows_async<T, D_PAD, KT>(Ks, kg, k0 + KT, p.Sk, p.D, vec);
       cp_async_commit();
     }
 
     // O += P V: four keys at a time; a P row of this lane is a broadcast, V rows 16-byte groups.
-    rows_times_groups<TM, NG, kKeyTile, LDP, LD>(Pw, Vs, ci, acc);
+    rows_times_groups<TM, NG, KT, LDP, LD>(Pw, Vs, ci, acc);
     __syncthreads();  // every read of Vs and Ps is done
     if (t + 1 < n_tiles) {
-      load_rows_async<T, D_PAD, kKeyTile>(Vs, vg, k0 + kKeyTile, p.Sk, p.D, vec);
+      load_rows_async<T, D_PAD, KT>(Vs, vg, k0 + KT, p.Sk, p.D, vec);
       cp_async_commit();
     }
   }
@@ -276,8 +300,9 @@ __global__ void __launch_bounds__(256)
 
 template <class T, int D_PAD, int TK>
 constexpr int bwd_smem_bytes() {
+  constexpr int QT = kQueryTile;
   constexpr int BC = kWarps * 4 * TK, LD = D_PAD + kPad<T>, LDC = BC + kPad<T>;
-  return static_cast<int>(sizeof(T)) * ((2 * BC + 2 * kQueryTile) * LD + 2 * kQueryTile * LDC + 2 * kQueryTile);
+  return static_cast<int>(sizeof(T)) * ((2 * BC + 2 * QT) * LD + 2 * QT * LDC + 2 * QT);
 }
 
 /// TK consecutive elements from shared memory (16-byte loads when TK is a multiple of 4).
@@ -333,18 +358,22 @@ __device__ __forceinline__ void atomic_add4(double* p, const double (&v)[4], boo
 template <class T, int D_PAD, int TK>
 __global__ void __launch_bounds__(kThreads, blocks_per_sm(bwd_smem_bytes<T, D_PAD, TK>()))
     attention_backward_kernel(const BwdParams<T> p) {
+  constexpr int QT = kQueryTile;
+  static_assert(QT % 16 == 0, "query rows per tile: a multiple of 16");
   constexpr int BC = kWarps * 4 * TK;
+  constexpr int NJ = QT / 8;   // a lane's query columns of S^T: ci + 8 j
+  constexpr int QR = QT / 16;  // a lane's rows of dQ
   constexpr int LD = D_PAD + kPad<T>;
   constexpr int LDC = BC + kPad<T>;
   constexpr int NG = D_PAD / 32;
   T* Ks = dynamic_smem<T>();
   T* Vs = Ks + BC * LD;
   T* Qs = Vs + BC * LD;
-  T* dOs = Qs + kQueryTile * LD;
-  T* Pt = dOs + kQueryTile * LD;   // [query row][key]
-  T* dSt = Pt + kQueryTile * LDC;  // [query row][key]
-  T* lse_s = dSt + kQueryTile * LDC;
-  T* delta_s = lse_s + kQueryTile;
+  T* dOs = Qs + QT * LD;
+  T* Pt = dOs + QT * LD;   // [query row][key]
+  T* dSt = Pt + QT * LDC;  // [query row][key]
+  T* lse_s = dSt + QT * LDC;
+  T* delta_s = lse_s + QT;
 
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid & 31, warp = tid >> 5;
@@ -363,27 +392,27 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(bwd_smem_bytes<T, D_PA
   load_rows_async<T, D_PAD, BC>(Vs, p.v + bh * p.Sk * p.D, k0, p.Sk, p.D, vec);
 
   const int key_l0 = warp * 4 * TK + ri * TK;  // this lane's first key in the block
-  const int qr0 = warp * 16 + ri * 4;          // this lane's first query row of dQ
+  const int qr0 = warp * 4 * QR + ri * QR;     // this lane's first query row of dQ
   T dk[TK][4 * NG], dv[TK][4 * NG];
 #pragma unroll
   for (int i = 0; i < TK; ++i)
 #pragma unroll
     for (int c = 0; c < 4 * NG; ++c) dk[i][c] = dv[i][c] = T(0);
 
-  const int nq = static_cast<int>((p.Sq + kQueryTile - 1) / kQueryTile);
-  const int qt_first = p.causal ? static_cast<int>(k0 / kQueryTile) : 0;  // rows < k0 see no key here
+  const int nq = static_cast<int>((p.Sq + QT - 1) / QT);
+  const int qt_first = p.causal ? static_cast<int>(k0 / QT) : 0;  // rows < k0 see no key here
   const int n_iter = nq - qt_first;
   // Query tile `it` of the sweep: staggered starts, so that blocks of one head rarely add to the same
   // dQ rows at once.
   const auto tile_start = [&](int it) {
-    return static_cast<std::int64_t>(qt_first + (it + kt) % n_iter) * kQueryTile;
+    return static_cast<std::int64_t>(qt_first + (it + kt) % n_iter) * QT;
   };
   // Q, dO (asynchronous) and lse, delta (plain) of the tile at q0; the copies of tile it + 1 land
   // while dQ of tile it runs.
   const auto fetch = [&](std::int64_t q0) {
-    load_rows_async<T, D_PAD, kQueryTile>(Qs, qg, q0, p.Sq, p.D, vec);
-    load_rows_async<T, D_PAD, kQueryTile>(dOs, dog, q0, p.Sq, p.D, vec);
-    for (int r = tid; r < kQueryTile; r += kThreads) {
+    load_rows_async<T, D_PAD, QT>(Qs, qg, q0, p.Sq, p.D, vec);
+    load_rows_async<T, D_PAD, QT>(dOs, dog, q0, p.Sq, p.D, vec);
+    for (int r = tid; r < QT; r += kThreads) {
       const std::int64_t gr = q0 + r;
       lse_s[r] = gr < p.Sq ? p.lse[bh * p.Sq + gr] : neg_inf<T>();
       delta_s[r] = gr < p.Sq ? p.delta[bh * p.Sq + gr] : T(0);
@@ -397,30 +426,41 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(bwd_smem_bytes<T, D_PA
     __syncthreads();     // ... for every thread; the previous tile's reads are done
 
     // P^T = 2^(S^T - lse) for keys key_l0 + i, query rows ci + 8 j (0 where masked).
-    T pt[TK][8];
-    rows_by_rows<T, D_PAD, TK>(Ks, Qs, key_l0, ci, pt);
+    T pt[TK][NJ];
+    rows_by_rows<T, D_PAD, TK, NJ>(Ks, Qs, key_l0, ci, pt);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+    for (int i = 0; i < TK; ++i)
+#pragma unroll
+      for (int j = 0; j < NJ; ++j) pt[i][j] *= p.smul;
+    if (!interior_tile(p.mask, p.causal, q0, QT, p.Sq, k0, BC, p.Sk)) {
+#pragma unroll
+      for (int j = 0; j < NJ; ++j) {
+        const std::int64_t row = q0 + ci + 8 * j;
+        const bool live_row = row < p.Sq && lse_s[ci + 8 * j] != neg_inf<T>();
+#pragma unroll
+        for (int i = 0; i < TK; ++i) {
+          const std::int64_t key = k0 + key_l0 + i;
+          pt[i][j] = key < p.Sk && live_row
+                         ? apply_mask(p.mask, moff_bh, p.causal, row, key, pt[i][j], p.mask_mul)
+                         : neg_inf<T>();
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
       const int rl = ci + 8 * j;
-      const std::int64_t row = q0 + rl;
       const T L = lse_s[rl];
       T w[TK];
 #pragma unroll
-      for (int i = 0; i < TK; ++i) {
-        const std::int64_t key = k0 + key_l0 + i;
-        T x = neg_inf<T>();
-        if (key < p.Sk && row < p.Sq && L != neg_inf<T>())
-          x = apply_mask(p.mask, moff_bh, p.causal, row, key, pt[i][j] * p.smul, p.mask_mul);
-        w[i] = pt[i][j] = x == neg_inf<T>() ? T(0) : exp2_of(x - L);
-      }
+      for (int i = 0; i < TK; ++i) w[i] = pt[i][j] = pt[i][j] == neg_inf<T>() ? T(0) : exp2_of(pt[i][j] - L);
       st_tk<TK>(Pt + rl * LDC + key_l0, w);
     }
 
     // dS^T = P^T o (dP^T - delta), dP^T = V dO^T.
-    T ds[TK][8];
-    rows_by_rows<T, D_PAD, TK>(Vs, dOs, key_l0, ci, ds);
+    T ds[TK][NJ];
+    rows_by_rows<T, D_PAD, TK, NJ>(Vs, dOs, key_l0, ci, ds);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+    for (int j = 0; j < NJ; ++j) {
       const int rl = ci + 8 * j;
       const T dl = delta_s[rl];
       T w[TK];
@@ -431,8 +471,8 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(bwd_smem_bytes<T, D_PA
     __syncthreads();  // dQ reads every warp's dS
 
     // dV += P^T dO and dK += dS^T Q: one query row at a time.
-#pragma unroll 1
-    for (int r = 0; r < kQueryTile; ++r) {
+#pragma unroll kUnrollRowsDkDv
+    for (int r = 0; r < QT; ++r) {
       T pr[TK], sr[TK];
       ld_tk<TK>(Pt + r * LDC + key_l0, pr);
       ld_tk<TK>(dSt + r * LDC + key_l0, sr);
@@ -457,18 +497,18 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(bwd_smem_bytes<T, D_PA
     }
 
     // dQ[rows qr0 + i] += scale * dS K over this block's keys, added to device memory atomically.
-    T dq[4][4 * NG];
+    T dq[QR][4 * NG];
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < QR; ++i)
 #pragma unroll
       for (int c = 0; c < 4 * NG; ++c) dq[i][c] = T(0);
     // (Written out rather than through rows_times_groups: that form costs the float64 kernels a
     // register, and at head_dim 128 an 8-byte stack frame.)
-#pragma unroll 1
+#pragma unroll kUnrollKeysDq
     for (int c = 0; c < BC; c += 4) {
-      T sv[4][4];
+      T sv[QR][4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) ld4(dSt + (qr0 + i) * LDC + c, sv[i]);
+      for (int i = 0; i < QR; ++i) ld4(dSt + (qr0 + i) * LDC + c, sv[i]);
 #pragma unroll
       for (int e = 0; e < 4; ++e)
 #pragma unroll
@@ -476,13 +516,13 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(bwd_smem_bytes<T, D_PA
           T k4[4];
           ld4(Ks + (c + e) * LD + 4 * ci + 32 * g, k4);
 #pragma unroll
-          for (int i = 0; i < 4; ++i)
+          for (int i = 0; i < QR; ++i)
 #pragma unroll
             for (int x = 0; x < 4; ++x) dq[i][4 * g + x] = fma(sv[i][e], k4[x], dq[i][4 * g + x]);
         }
     }
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < QR; ++i) {
       const std::int64_t row = q0 + qr0 + i;
       if (row >= p.Sq) continue;
       T* dqrow = p.dq + (bh * p.Sq + row) * p.D;

@@ -202,4 +202,12 @@ __device__ __forceinline__ T apply_mask(const MaskView& m, std::int64_t moff_bh,
   return x;
 }
 
+/// Whether no score of the tile [q0, q0 + rows) x [k0, k0 + cols) is masked: the tile lies inside
+/// Sq x Sk, no mask is given and, with causal masking, every key precedes every row. Such tiles
+/// (most of them at long sequences) skip the per-element checks.
+__device__ __forceinline__ bool interior_tile(const MaskView& m, bool causal, std::int64_t q0, int rows,
+                                              std::int64_t Sq, std::int64_t k0, int cols, std::int64_t Sk) {
+  return m.kind == MaskKind::none && q0 + rows <= Sq && k0 + cols <= Sk && (!causal || k0 + cols - 1 <= q0);
+}
+
 }  // namespace dualcast::attention_detail::kernels

@@ -294,8 +294,9 @@ TEST_P(Attention, FusedEqualsComposedAtTrainingSize) {
   expect_fused_equals_composed({2, heads, 1000, 1000, 64, 64, false}, dev(), DType::float32, 3002);
 }
 
-// The float32 head_dim-64 forward has two tile shapes (attention_fused.cu: 4 rows per lane, the
-// default, or 8 with DUALCAST_ATTENTION_FWD_TM=8); each must equal the composed version.
+// The float32 head_dim-64 forward has two tile shapes (attention_fused.cu: 4 or 8 rows per lane,
+// chosen by causal masking and length, or forced with DUALCAST_ATTENTION_FWD_TM); each must equal
+// the composed version.
 TEST_P(Attention, BothFloat32ForwardTileShapesEqualComposed) {
   if (dev().is_cpu()) GTEST_SKIP() << "the fused kernels run on CUDA devices";
   struct RestoreEnv {

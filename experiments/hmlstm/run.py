@@ -19,7 +19,8 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-CANDIDATE_BUILDS = ("build-exp-cuda", "build-cuda", "build", "build-exp", "build-cpu")
+CANDIDATE_BUILDS = ("build/release", "build/ci", "build/cpu-only", "build-exp-cuda", "build-cuda", "build", "build-exp",
+                    "build-cpu")
 REL_BIN = os.path.join("experiments", "hmlstm", "hmlstm_experiment")
 sys.path.insert(0, os.path.join(ROOT, "experiments", "common"))
 from runner import find_binary, gpu_present, is_cuda_build, python_with  # noqa: E402

@@ -52,9 +52,9 @@ Options:
   --tokens N               batch = max(1, tokens / seq) (GPU default 32768, CPU 256)
   --causal LIST            0 (no mask), 1 (causal) or both (default 0,1)
   --reps N --warmup N      timed and untimed repetitions (GPU default 30 and 5; CPU 3 and 1)
-  --fwd-tm LIST            float32 head_dim-64 forward tile heights to time: 4 (64 query rows per
-                           block, the library's default shape) and/or 8 (128 rows); 8 is recorded
-                           as dualcast_fused_tm8 (default 4)
+  --fwd-tm LIST            float32 head_dim-64 forward tile heights to time: 0 (the library's
+                           choice, recorded as dualcast_fused), 4 (64 query rows per block,
+                           dualcast_fused_tm4) and/or 8 (128 rows, dualcast_fused_tm8) (default 0)
   --peers                  time PyTorch too (peer_torch.py attention), validated against dualcast
   --python PATH            interpreter for the peer (default: the first python3 with torch)
   --out DIR                output folder (default results/attention)
@@ -70,7 +70,7 @@ struct Options {
   long long tokens = -1;
   std::vector<long long> causal{0, 1};
   int reps = -1, warmup = -1;
-  std::vector<long long> fwd_tm{4};
+  std::vector<long long> fwd_tm{0};
   bool peers = false;
   std::string python;
   std::string out = "results/attention";
@@ -102,7 +102,7 @@ Options parse(int argc, char** argv) {
     } else if (a == "--fwd-tm") {
       o.fwd_tm = list(a, args.value(), false);
       for (long long t : o.fwd_tm)
-        if (t != 4 && t != 8) throw dcexp::cli::UsageError("--fwd-tm: entries are 4 or 8");
+        if (t != 0 && t != 4 && t != 8) throw dcexp::cli::UsageError("--fwd-tm: entries are 0, 4 or 8");
     } else if (a == "--reps") o.reps = static_cast<int>(positive(a, args.value()));
     else if (a == "--warmup") o.warmup = static_cast<int>(positive(a, args.value(), true));
     else if (a == "--peers") {
@@ -216,16 +216,19 @@ int run(const Options& o) {
       struct Variant {
         std::string name;
         AttentionImpl impl;
-        const char* fwd_tm;  // DUALCAST_ATTENTION_FWD_TM while it runs (attention_fused.cu)
+        const char* fwd_tm;  // DUALCAST_ATTENTION_FWD_TM while it runs (attention_fused.cu); null: unset
       };
       std::vector<Variant> variants;
       if (gpu)
         for (long long tm : o.fwd_tm)
-          variants.push_back({tm == 4 ? "dualcast_fused" : "dualcast_fused_tm8", AttentionImpl::fused, tm == 4 ? "4" : "8"});
-      variants.push_back({"dualcast_composed", AttentionImpl::composed, "4"});
+          variants.push_back(tm == 0   ? Variant{"dualcast_fused", AttentionImpl::fused, nullptr}
+                             : tm == 4 ? Variant{"dualcast_fused_tm4", AttentionImpl::fused, "4"}
+                                       : Variant{"dualcast_fused_tm8", AttentionImpl::fused, "8"});
+      variants.push_back({"dualcast_composed", AttentionImpl::composed, nullptr});
       for (const Variant& var : variants) {
         const AttentionImpl impl = var.impl;
-        setenv("DUALCAST_ATTENTION_FWD_TM", var.fwd_tm, 1);
+        if (var.fwd_tm) setenv("DUALCAST_ATTENTION_FWD_TM", var.fwd_tm, 1);
+        else unsetenv("DUALCAST_ATTENTION_FWD_TM");
         AttentionOptions oi = opt;
         oi.impl = impl;
         if (gpu && impl == AttentionImpl::composed) {
