@@ -173,16 +173,17 @@ void launch_backward(const Dims& d, const MaskView& mask, const Tensor& q, const
 }
 
 /// The float32, head_dim 64 forward comes in two tile shapes: 8 rows per lane (128 query rows per
-/// block, 2 blocks per SM) or 4 (64 rows, 3 blocks per SM). Measured on an H200 at seq 1024-4096
-/// (paper/measured/h200-2026-11-26b/): without causal masking 8 rows took 4-5 % less time; with it, 4
-/// rows took 1-6 % less up to seq 2048 (a causal block's diagonal tile is half wasted, and a smaller
-/// tile wastes less) and 2 % more at 4096. DUALCAST_ATTENTION_FWD_TM=4 or 8 forces a shape, for
-/// benchmarks that compare them (read at every call: a benchmark may switch).
+/// block, 2 blocks per SM) or 4 (64 rows, 3 blocks per SM). Measured on an H200 (2026-11-26,
+/// paper/measured/h200-2026-11-26b/): 8 rows took 4-9 % less time at seq 1024-4096 without causal
+/// masking and 2-3 % less with it from seq 2048; 4 rows took 3-16 % less with causal masking up to
+/// seq 1024 (a causal block's diagonal tile is half wasted, and short sequences have few blocks).
+/// DUALCAST_ATTENTION_FWD_TM=4 or 8 forces a shape, for benchmarks that compare them (read at every
+/// call: a benchmark may switch).
 int forward_rows_per_lane(const Dims& d) {
   const char* e = std::getenv("DUALCAST_ATTENTION_FWD_TM");
   if (e && std::string(e) == "8") return 8;
   if (e && std::string(e) == "4") return 4;
-  return d.causal && d.Sq <= 2048 ? 4 : 8;
+  return d.causal && d.Sq <= 1024 ? 4 : 8;
 }
 
 /// Calls fn.template operator()<T, D_PAD>() for q's dtype and the padded head dimension.

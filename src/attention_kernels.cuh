@@ -91,15 +91,15 @@ __device__ __forceinline__ void rows_by_rows(const T* __restrict__ A, const T* _
 }
 
 /// acc[i][4 g + x] += sum over c < N of A[i][c] B[c][4 ci + 32 g + x]: a lane's ROWS rows of A
-/// (pitch LDA, each read four columns at a time as a broadcast) times the 16-byte groups of B's rows
-/// (pitch LD) that it owns: O += P V in the forward.
+/// (pitch LDA, each read four columns at a time as a broadcast; column c stored at c ^ swz) times the
+/// 16-byte groups of B's rows (pitch LD) that it owns: O += P V in the forward.
 template <int ROWS, int NG, int N, int LDA, int LD, class T>
-__device__ __forceinline__ void rows_times_groups(const T* A, const T* B, int ci, T (&acc)[ROWS][4 * NG]) {
+__device__ __forceinline__ void rows_times_groups(const T* A, const T* B, int ci, int swz, T (&acc)[ROWS][4 * NG]) {
 #pragma unroll kUnrollKeys
   for (int c = 0; c < N; c += 4) {
     T a[ROWS][4];
 #pragma unroll
-    for (int i = 0; i < ROWS; ++i) ld4(A + i * LDA + c, a[i]);
+    for (int i = 0; i < ROWS; ++i) ld4(A + i * LDA + (c ^ swz), a[i]);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
 #pragma unroll
@@ -145,6 +145,10 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(fwd_smem_bytes<T, D_PA
 
   const int row_l0 = warp * 4 * TM + ri * TM;  // this lane's first row in the block
   T* Pw = Ps + (warp * 4 * TM + ri * TM) * LDP;
+  // P's columns are XOR-swizzled by 8 ri (groups of 8 keys trade places): the quarter-warps' rows
+  // start in the same bank or two (their pitch is TM LDP), and unswizzled the four quarter-warps'
+  // stores of one column conflict 2 ways (TM 4) or 4 ways (TM 8).
+  const int pswz = 8 * ri;
   T m[TM], l[TM], acc[TM][4 * NG];
 #pragma unroll
   for (int i = 0; i < TM; ++i) {
@@ -210,7 +214,7 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(fwd_smem_bytes<T, D_PA
       for (int j = 0; j < NJ; ++j) {
         const T pj = exp2_of(s[i][j] - m_use);
         l[i] += pj;  // this lane's share of the row sum (combined at the end)
-        Pw[i * LDP + ci + 8 * j] = pj;
+        Pw[i * LDP + ((ci + 8 * j) ^ pswz)] = pj;
       }
     }
     cp_async_wait<0>();  // V_t has landed
@@ -221,7 +225,7 @@ __global__ void __launch_bounds__(kThreads, blocks_per_sm(fwd_smem_bytes<T, D_PA
     }
 
     // O += P V: four keys at a time; a P row of this lane is a broadcast, V rows 16-byte groups.
-    rows_times_groups<TM, NG, KT, LDP, LD>(Pw, Vs, ci, acc);
+    rows_times_groups<TM, NG, KT, LDP, LD>(Pw, Vs, ci, pswz, acc);
     __syncthreads();  // every read of Vs and Ps is done
     if (t + 1 < n_tiles) {
       load_rows_async<T, D_PAD, KT>(Vs, vg, k0 + KT, p.Sk, p.D, vec);

@@ -100,7 +100,7 @@ Options parse(int argc, char** argv) {
       for (long long c : o.causal)
         if (c > 1) throw dcexp::cli::UsageError("--causal: entries are 0 or 1");
     } else if (a == "--fwd-tm") {
-      o.fwd_tm = list(a, args.value(), false);
+      o.fwd_tm = list(a, args.value(), true);
       for (long long t : o.fwd_tm)
         if (t != 0 && t != 4 && t != 8) throw dcexp::cli::UsageError("--fwd-tm: entries are 0, 4 or 8");
     } else if (a == "--reps") o.reps = static_cast<int>(positive(a, args.value()));
