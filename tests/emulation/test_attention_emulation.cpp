@@ -235,6 +235,17 @@ TEST(AttentionKernelsEmulated, CausalMatchesReferenceAtLengthsThatAreNoMultipleO
   run_all({1, 1, 200, 200, 80, true, 0}, 13);
 }
 
+// Tiles wholly inside Sq x Sk with nothing to mask skip the per-element checks (interior_tile);
+// these lengths give every launcher tile shape such tiles, beside edge and diagonal ones, with and
+// without the causal mask, at every padded head dimension and on the 16-byte (D % 4 == 0) path.
+TEST(AttentionKernelsEmulated, InteriorTilesMatchReferenceAtEveryTileShape) {
+  run_all({1, 1, 130, 130, 32, false, 0}, 30);
+  run_all({1, 1, 129, 129, 30, true, 0}, 31);
+  run_all({1, 1, 260, 200, 64, true, 0}, 32);
+  run_all({1, 1, 200, 260, 64, false, 0}, 33);
+  run_all({1, 1, 140, 140, 128, false, 0}, 34);
+}
+
 TEST(AttentionKernelsEmulated, MasksMatchReferenceAndFullyMaskedRowsGiveZeros) {
   run_all({2, 1, 70, 130, 64, false, 1}, 20);
   run_all({3, 2, 70, 45, 20, true, 1}, 21);
