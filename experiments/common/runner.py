@@ -35,6 +35,12 @@ def is_cuda_build(build_dir):
     return False
 
 
+# Build folders searched for a driver when no --build is given: the CMake presets' folders first,
+# then the names the READMEs' older recipes used.
+BUILD_FOLDERS = ("build/release", "build/ci", "build/cpu-only", "build-exp-cuda", "build-cuda", "build", "build-exp",
+                 "build-cpu")
+
+
 def find_binary(root, rel, build, candidates, prefer_cuda):
     """The binary `rel` (relative to a build folder): under `build` when one is given (None if it is
     not there); else under the first of `candidates` (folders relative to `root`) that holds it,

@@ -19,16 +19,14 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-CANDIDATE_BUILDS = ("build/release", "build/ci", "build/cpu-only", "build-exp-cuda", "build-cuda", "build", "build-exp",
-                    "build-cpu")
 REL_BIN = os.path.join("experiments", "hmlstm", "hmlstm_experiment")
 sys.path.insert(0, os.path.join(ROOT, "experiments", "common"))
-from runner import find_binary, gpu_present, is_cuda_build, python_with  # noqa: E402
+from runner import BUILD_FOLDERS, find_binary, gpu_present, is_cuda_build, python_with  # noqa: E402
 
 
 def find_driver(build):
     gpu = gpu_present()
-    driver = find_binary(ROOT, REL_BIN, build, CANDIDATE_BUILDS, gpu)
+    driver = find_binary(ROOT, REL_BIN, build, BUILD_FOLDERS, gpu)
     if driver and gpu and not build and not is_cuda_build(driver[: -len(REL_BIN)]):
         print("run.py: note: a GPU is present but no CUDA-enabled build of the driver was found; "
               "running %s on the CPU" % driver, file=sys.stderr)
@@ -46,7 +44,7 @@ def main():
 
     driver = find_driver(args.build)
     if driver is None:
-        where = args.build or ", ".join(CANDIDATE_BUILDS)
+        where = args.build or ", ".join(BUILD_FOLDERS)
         print("run.py: error: hmlstm_experiment not found in %s; build it first, e.g.\n"
               "  cmake -S . -B build-exp -G Ninja && cmake --build build-exp --target hmlstm_experiment"
               % where, file=sys.stderr)

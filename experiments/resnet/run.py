@@ -25,8 +25,6 @@ sys.path.insert(0, os.path.join(ROOT, "experiments", "common"))
 import runner  # noqa: E402
 
 REL_BIN = os.path.join("experiments", "resnet", "resnet_train")
-CANDIDATE_BUILDS = ("build/release", "build/ci", "build/cpu-only", "build-exp-cuda", "build-cuda", "build", "build-exp",
-                    "build-cpu")
 
 GPU_ARGS = ["--width", "64", "--epochs", "10", "--batch", "128"]
 CPU_ARGS = ["--width", "8", "--train-subset", "2000", "--test-subset", "1000", "--epochs", "3",
@@ -34,7 +32,7 @@ CPU_ARGS = ["--width", "8", "--train-subset", "2000", "--test-subset", "1000", "
 
 
 def find_driver(build, want_cuda):
-    return runner.find_binary(ROOT, REL_BIN, build, CANDIDATE_BUILDS, want_cuda)
+    return runner.find_binary(ROOT, REL_BIN, build, runner.BUILD_FOLDERS, want_cuda)
 
 
 def main():
