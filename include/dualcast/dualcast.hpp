@@ -23,6 +23,7 @@
 #include "dualcast/ops/loss.hpp"
 #include "dualcast/ops/layer_norm.hpp"
 #include "dualcast/ops/attention.hpp"
+#include "dualcast/call_args.hpp"
 #include "dualcast/broadcast.hpp"
 #include "dualcast/channel_broadcast.hpp"
 #include "dualcast/ops/conv.hpp"
