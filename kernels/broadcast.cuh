@@ -84,6 +84,17 @@ inline constexpr int chunk_width = (K <= 6 ? 16 : 8) / static_cast<int>(sizeof(T
                                        ? (K <= 6 ? 16 : 8) / static_cast<int>(sizeof(T))
                                        : 1;
 
+/// Elements per chunk of the recomputing backward: one from K = 10 on. Evaluating f on Dual<T, K>
+/// keeps K partials of every intermediate live per element, so two elements a chunk put the float
+/// K = 10 backward of workload c (prod_k tanh) at 76 registers (36.5% achieved occupancy, issue slots
+/// busy 46% of the time); one element a chunk needs 48. The price is 14-20% more instructions per
+/// element (loads, index arithmetic and guarded stores paid per element; scripts/sass-broadcast).
+/// Measured with Nsight Compute on an H200, workload c at 2048^2 (experiments/bench/NOTES.md): K = 10
+/// went from 166.1 to 126.9 us (occupancy 52.7%); K = 9 went from 98.4 to 114.2 us (56 -> 40
+/// registers did not pay for 18% more instructions), so K = 9 keeps two elements a chunk.
+template <class T, int K>
+inline constexpr int recompute_chunk_width = K >= 10 ? 1 : chunk_width<T, K>;
+
 // ---- packets -----------------------------------------------------------------------------------
 
 /// A read-only packet load (the non-coherent path on the GPU: every input of a broadcast is
@@ -390,7 +401,7 @@ template <class T, int K, int M, bool STORE, class F, int... Slots>
 struct BackwardBody<T, K, M, STORE, F, std::integer_sequence<int, Slots...>> {
   static constexpr int NA = sizeof...(Slots);
   static constexpr int NAX = NA > 0 ? NA : 1;
-  static constexpr int V = chunk_width<T, K>;
+  static constexpr int V = STORE ? chunk_width<T, K> : recompute_chunk_width<T, K>;
   static constexpr bool device_only = is_device_only_lambda<F>;
   using scalar = T;
   static constexpr int outputs = M;
