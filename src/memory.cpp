@@ -12,6 +12,7 @@
 // it, so the addresses a captured graph reads and writes are never handed to anyone else.
 #include "dualcast/memory.hpp"
 
+#include <sys/sysinfo.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -335,28 +336,52 @@ void reset_peak_memory_stats(Device device) {
   cache.stats.peak_bytes_in_use = cache.stats.bytes_in_use;
 }
 
+namespace {
+
+/// What this host can ever hold: its physical memory and its swap, as the kernel reported them at
+/// the first host allocation.
+struct HostMemory {
+  std::uint64_t physical = 0, swap = 0;
+};
+const HostMemory& host_memory() {
+  static const HostMemory m = [] {
+    struct sysinfo si {};
+    if (sysinfo(&si) != 0) return HostMemory{UINT64_MAX / 2, 0};  // unknown: the allocator decides
+    return HostMemory{static_cast<std::uint64_t>(si.totalram) * si.mem_unit,
+                      static_cast<std::uint64_t>(si.totalswap) * si.mem_unit};
+  }();
+  return m;
+}
+
+[[noreturn]] void fail_host_allocation(std::size_t bytes, const std::string& why, const HostMemory& m) {
+  MemoryStats s;
+  {
+    std::lock_guard lock(host_mutex());
+    s = host_stats();
+  }
+  DUALCAST_FAIL("out of host memory: could not allocate ", bytes, " bytes on cpu (", why,
+                "); host statistics: ", s.bytes_in_use, " bytes in use by dualcast (peak ",
+                s.peak_bytes_in_use, "), ", s.device_malloc_calls, " allocations and ",
+                s.device_free_calls, " frees so far; the machine has ", m.physical,
+                " bytes of physical memory and ", m.swap, " bytes of swap");
+}
+
+}  // namespace
+
 Buffer::Buffer(std::size_t bytes, Device device) : bytes_(bytes), device_(device) {
   if (device.is_cpu()) {
     const std::size_t rounded = bytes > SIZE_MAX - kHostAlignment
                                     ? 0  // cannot be rounded up, let alone allocated
                                     : (bytes + kHostAlignment - 1) / kHostAlignment * kHostAlignment;
     block_bytes_ = bytes == 0 ? kHostAlignment : rounded;
-    data_ = block_bytes_ == 0 ? nullptr : std::aligned_alloc(kHostAlignment, block_bytes_);
-    if (data_ == nullptr) {
-      MemoryStats s;
-      {
-        std::lock_guard lock(host_mutex());
-        s = host_stats();
-      }
-      const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-      DUALCAST_FAIL("out of host memory: could not allocate ", bytes, " bytes on cpu (",
-                    std::strerror(ENOMEM), "); host statistics: ", s.bytes_in_use,
-                    " bytes in use by dualcast (peak ", s.peak_bytes_in_use, "), ",
-                    s.device_malloc_calls, " allocations and ", s.device_free_calls,
-                    " frees so far; the machine has ",
-                    pages > 0 && page > 0 ? static_cast<std::int64_t>(pages) * page : -1,
-                    " bytes of physical memory");
-    }
+    // A request the machine can never hold is refused before allocating: a host that overcommits
+    // memory (vm.overcommit_memory = 1, as the GPU machines here) grants it, and the first touch of
+    // its pages gets the process killed instead of an error.
+    const HostMemory& mem = host_memory();
+    if (block_bytes_ == 0 || block_bytes_ > mem.physical + mem.swap)
+      fail_host_allocation(bytes, "more than the machine's physical memory and swap together", mem);
+    data_ = std::aligned_alloc(kHostAlignment, block_bytes_);
+    if (data_ == nullptr) fail_host_allocation(bytes, std::strerror(ENOMEM), mem);
     std::lock_guard lock(host_mutex());
     auto& s = host_stats();
     ++s.device_malloc_calls;

@@ -90,6 +90,8 @@ std::vector<BadInput> bad_inputs() {
       DC_ROW("tensor", S({"Tensor::zeros", "[-1, 3]", "negative dimension"}), Tensor::zeros({-1, 3})),
       DC_ROW("tensor", S({"Tensor::empty", "[281474976710656]", "out of", "memory", "bytes"}),
              Tensor::empty({1LL << 48}, DType::float32, d)),
+      DC_ROW("tensor", S({"Tensor::zeros", "[274877906944]", "out of", "memory", "bytes"}),
+             Tensor::zeros({1LL << 38}, DType::float32, d)),
       DC_ROW("tensor", S({"from_vector", "3 values", "[2, 3]"}), Tensor::from_vector<float>({2, 3}, {1, 2, 3}, d)),
       DC_ROW("tensor", S({"view", "[2, 3]", "[4, 2]"}), x.view({4, 2})),
       DC_ROW("tensor", S({"item", "[2, 3]", "6 elements"}), x.item()),

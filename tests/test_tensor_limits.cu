@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
@@ -148,6 +149,40 @@ TEST(TensorLimitsHost, AHostAllocationThatFailsIsAnErrorNamingTheRequestAndTheSt
   EXPECT_EQ(after.bytes_in_use, before.bytes_in_use);
   EXPECT_EQ(after.device_malloc_calls, before.device_malloc_calls);
   expect_library_works(cpu, "a failed host allocation");
+}
+
+/// MemTotal + SwapTotal from /proc/meminfo, in bytes (0 where the file cannot be read): the test's
+/// own reading of the machine, not the library's.
+std::uint64_t machine_memory_and_swap() {
+  std::ifstream in("/proc/meminfo");
+  std::uint64_t total = 0;
+  for (std::string key, unit; in >> key;) {
+    std::uint64_t kib = 0;
+    in >> kib;
+    std::getline(in, unit);
+    if (key == "MemTotal:" || key == "SwapTotal:") total += kib * 1024;
+  }
+  return total;
+}
+
+TEST(TensorLimitsHost, AHostAllocationBeyondMemoryAndSwapIsAnErrorEvenWhereTheHostOvercommits) {
+  // On a host with vm.overcommit_memory = 1 (the GPU machines here) aligned_alloc grants such a
+  // request and zeros() gets the process killed on the first touch of pages the machine lacks.
+  const Device cpu = Device::cpu();
+  const std::uint64_t machine = machine_memory_and_swap();
+  ASSERT_GT(machine, 0u) << "/proc/meminfo gave no MemTotal";
+  const MemoryStats before = memory_stats(cpu);
+  const auto just_beyond = static_cast<std::int64_t>((machine + (std::uint64_t{1} << 30)) / 4);
+  expect_error([&] { (void)Tensor::zeros({just_beyond}, DType::float32, cpu); },
+               {"Tensor::zeros", "out of host memory", "more than the machine's physical memory and swap",
+                "bytes of swap"},
+               "a host tensor 1 GiB beyond memory and swap");
+  expect_error([&] { (void)Tensor::zeros({std::int64_t{1} << 38}, DType::float32, cpu); },
+               {"Tensor::zeros", "[274877906944]", "out of host memory"}, "1 TiB host tensor");
+  const MemoryStats after = memory_stats(cpu);
+  EXPECT_EQ(after.bytes_in_use, before.bytes_in_use);
+  EXPECT_EQ(after.device_malloc_calls, before.device_malloc_calls);
+  expect_library_works(cpu, "a host allocation beyond the machine");
 }
 
 TEST(TensorLimitsCuda, ADeviceAllocationBeyondTheDeviceIsAnErrorAndTheDeviceWorksAfterwards) {
