@@ -565,11 +565,11 @@ int broadcast_blocks_per_sm() {
 #if DUALCAST_CPU_TILES
 /// The fast path of a CPU call as SIMD tiles of instruction set I.
 template <class Body, TileIsa I>
-void run_cpu_tiles(Device device, const Body& body, std::int64_t chunks) {
+void run_cpu_tiles(const Body& body, std::int64_t chunks) {
   using Tiles = CpuTiles<Body, I>;
   const std::int64_t tiles = (chunks + Tiles::B - 1) / Tiles::B;
-  parallel_for(device, tiles, Tiles{body, static_cast<std::uint32_t>(chunks)},
-               /*cpu_grain=*/kCpuGrain / Tiles::W);
+  cpu_parallel_for(tiles, Tiles{body, static_cast<std::uint32_t>(chunks)},
+                   /*cpu_grain=*/kCpuGrain / Tiles::W);
 }
 #endif
 
@@ -588,13 +588,14 @@ void launch_broadcast(Device device, const Body& body) {
 #if DUALCAST_CPU_TILES
     if constexpr (cpu_tiles_apply<Body>) {
       if (cpu_simd_tiles()) {
-        if (cpu_tile_isa() == TileIsa::avx512) run_cpu_tiles<Body, TileIsa::avx512>(device, body, chunks);
-        else run_cpu_tiles<Body, TileIsa::avx2>(device, body, chunks);
+        if (cpu_tile_isa() == TileIsa::avx512) run_cpu_tiles<Body, TileIsa::avx512>(body, chunks);
+        else run_cpu_tiles<Body, TileIsa::avx2>(body, chunks);
         return;
       }
     }
 #endif
-    parallel_for(device, chunks, FastChunks<Body>{body}, /*cpu_grain=*/kCpuGrain / Body::V);
+    // cpu_parallel_for: the GPU runs the fast path as broadcast_fast_kernel, never as FastChunks.
+    cpu_parallel_for(chunks, FastChunks<Body>{body}, /*cpu_grain=*/kCpuGrain / Body::V);
     return;
   }
 #if defined(__CUDACC__)

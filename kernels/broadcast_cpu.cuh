@@ -93,7 +93,12 @@ inline void gather_tile(const Body& b, std::uint32_t first,
                                              typename Body::scalar (&xs)[Body::NAX][W]) {
   using T = typename Body::scalar;
   constexpr int V = Body::V;
-DUALCAST_UNROLL
+  // Not unrolled by g++ (nvcc's host pass does not ask to): each chunk's load_args is long (an
+  // offset per argument and access kind), and W / V copies of it in every tile of both instruction
+  // sets cost compile time and buy nothing next to the loads themselves.
+#if !defined(__CUDACC__)
+#pragma GCC unroll 1
+#endif
   for (int j = 0; j < W / V; ++j) {
     T x[V][Body::NAX];
     b.load_args((first + static_cast<std::uint32_t>(j)) * V, x);
@@ -235,6 +240,12 @@ DUALCAST_TILE_AVX512 void run_tile_avx512(const Body& b, std::uint32_t first, bo
   else backward_tile<Body, W>(b, first, in_row);
 }
 
+/// The call's last, partial tile as scalar chunks: out of line, one copy for both instruction sets.
+template <class Body>
+__attribute__((noinline)) void scalar_chunks(const Body& b, std::uint32_t first, std::uint32_t end) {
+  for (std::uint32_t c = first; c < end; ++c) b.fast_chunk(c);
+}
+
 /// parallel_for's body over tiles: full tiles in SIMD lanes, the call's last (partial) tile as
 /// scalar chunks.
 template <class Body, TileIsa I>
@@ -261,7 +272,7 @@ struct CpuTiles {
       else run_tile_avx2(body, first, in_row);
       return;
     }
-    for (std::uint32_t c = first; c < end; ++c) body.fast_chunk(c);
+    scalar_chunks(body, first, end);
   }
 };
 

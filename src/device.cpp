@@ -2,6 +2,7 @@
 #include "dualcast/device.hpp"
 
 #include <array>
+#include <cstdio>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -25,6 +26,14 @@ int cuda_device_count() {
       cudaGetLastError();  // "no device" / "no driver" is an answer here, not an error
       return 0;
     }
+#if DUALCAST_DEVICE_CODE_CHECK_ONLY
+    // Never a slow path in silence: this build's kernels are unoptimized PTX (CMakeLists.txt).
+    if (n > 0)
+      std::fprintf(stderr, "dualcast: warning: built with DUALCAST_CUDA_DEVICE_CODE=check for a "
+                           "machine without a GPU: the kernels are unoptimized PTX, compiled by the "
+                           "driver at first use and slow; configure with "
+                           "-DDUALCAST_CUDA_DEVICE_CODE=run to use this GPU\n");
+#endif
     return n;
   }();
   return count;

@@ -167,3 +167,9 @@ auto apply(const F& f, const Args&... args) {
 }
 
 }  // namespace dualcast::detail::ew
+
+/// Defines a listed unary function on Var and Tensor as one broadcast of its functor (used with
+/// DUALCAST_UNARY_FUNCTIONS_A and _B, each half in its own translation unit).
+#define DUALCAST_DEFINE_UNARY(fn)                     \
+  Var fn(const Var& x) { return apply(op_##fn{}, x); } \
+  Tensor fn(const Tensor& x) { return apply(op_##fn{}, Var(x)).value(); }

@@ -178,12 +178,15 @@ inline void backward_multi(const std::vector<Var>& outputs, const std::vector<Te
   root.backward(root.value());  // the join ignores its own adjoint: any 0-d tensor will do
 }
 
-/// Mixed mode, workload a: one broadcast of the if-form (one forward, one backward kernel).
-inline Var step_a_mixed(const CellSet& s, Partials p) {
-  Var out = dualcast::broadcast(p, CellUpdate{}, s.z, s.zb, s.x[0], s.x[1], s.x[2], s.x[3]);
-  out.backward(s.adj[0]);
-  return out;
-}
+// The mixed-mode steps are compiled once, in workload_steps.cu (a, b) and workload_steps_c.cu (c):
+// each broadcast call instantiates its forward and backward bodies for float and double, as GPU
+// kernels and CPU tiles, which the driver, bench_broadcast and profile_broadcast would otherwise each
+// compile again.
+
+/// Mixed mode, workload a, forward only: one broadcast of the if-form (one kernel).
+Var forward_a_mixed(const CellSet& s, Partials p);
+/// Mixed mode, workload a: forward_a_mixed, then the backward (one kernel).
+Var step_a_mixed(const CellSet& s, Partials p);
 /// Reverse mode, workload a: the select form on Vars (one kernel per primitive each way).
 inline Var step_a_reverse(const CellSet& s) {
   Var out = CellUpdateSelect{}(s.z, s.zb, s.x[0], s.x[1], s.x[2], s.x[3]);
@@ -192,41 +195,15 @@ inline Var step_a_reverse(const CellSet& s) {
 }
 
 /// Mixed mode, workload b: both outputs from one broadcast, backward with both adjoints.
-inline std::array<Var, 2> step_b_mixed(const CellSet& s, Partials p) {
-  auto out = dualcast::broadcast(p, Cell{}, s.z, s.zb, s.x[0], s.x[1], s.x[2], s.x[3], s.x[4], s.x[5]);
-  backward_multi({out[0], out[1]}, s.adj);
-  return out;
-}
+std::array<Var, 2> step_b_mixed(const CellSet& s, Partials p);
 inline std::array<Var, 2> step_b_reverse(const CellSet& s) {
   auto [c, h] = CellSelect{}(s.z, s.zb, s.x[0], s.x[1], s.x[2], s.x[3], s.x[4], s.x[5]);
   backward_multi({c, h}, s.adj);
   return {c, h};
 }
 
-template <std::size_t... I>
-Var arity_broadcast(Partials p, const std::vector<Var>& x, std::index_sequence<I...>) {
-  return dualcast::broadcast(p, ArityProduct{}, x[I]...);
-}
-
 /// Mixed mode, workload c: K = s.x.size() in 1..10.
-inline Var step_c_mixed(const CellSet& s, Partials p) {
-  Var out;
-  switch (s.x.size()) {
-    case 1: out = arity_broadcast(p, s.x, std::make_index_sequence<1>{}); break;
-    case 2: out = arity_broadcast(p, s.x, std::make_index_sequence<2>{}); break;
-    case 3: out = arity_broadcast(p, s.x, std::make_index_sequence<3>{}); break;
-    case 4: out = arity_broadcast(p, s.x, std::make_index_sequence<4>{}); break;
-    case 5: out = arity_broadcast(p, s.x, std::make_index_sequence<5>{}); break;
-    case 6: out = arity_broadcast(p, s.x, std::make_index_sequence<6>{}); break;
-    case 7: out = arity_broadcast(p, s.x, std::make_index_sequence<7>{}); break;
-    case 8: out = arity_broadcast(p, s.x, std::make_index_sequence<8>{}); break;
-    case 9: out = arity_broadcast(p, s.x, std::make_index_sequence<9>{}); break;
-    case 10: out = arity_broadcast(p, s.x, std::make_index_sequence<10>{}); break;
-    default: throw std::invalid_argument("step_c_mixed: arity must be 1..10");
-  }
-  out.backward(s.adj[0]);
-  return out;
-}
+Var step_c_mixed(const CellSet& s, Partials p);
 inline Var step_c_reverse(const CellSet& s) {
   Var out = arity_product_select(s.x);
   out.backward(s.adj[0]);

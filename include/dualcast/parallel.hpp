@@ -52,6 +52,20 @@ constexpr bool body_is_device_only() {
 /// Below this many indices the CPU runs a loop on the calling thread: spawning work costs more.
 inline constexpr std::int64_t kCpuGrain = 16384;
 
+namespace detail {
+/// parallel_for on the CPU alone, for bodies that only ever run there: under nvcc, parallel_for would
+/// also compile a GPU kernel of the body that is never launched.
+template <class Body>
+void cpu_parallel_for(std::int64_t n, const Body& body, std::int64_t cpu_grain = kCpuGrain) {
+  if constexpr (body_is_device_only<Body>()) {
+    DUALCAST_FAIL("parallel_for: a __device__ lambda cannot run on the CPU; write the body as a "
+                  "functor with a DUALCAST_HD operator() or as a DUALCAST_HD lambda");
+  } else if (n > 0) {
+    cpu_parallel_range(n, cpu_grain, &run_range<Body>, &body);
+  }
+}
+}  // namespace detail
+
 /// Runs body(i) for every i in [0, n) on `device`. `body` must be a copyable DUALCAST_HD callable
 /// (a functor or a DUALCAST_HD lambda); on a CUDA device it is copied into a grid-stride kernel
 /// sized from the multiprocessor count. Calls on a CUDA device need this translation unit to be
@@ -62,12 +76,7 @@ void parallel_for(Device device, std::int64_t n, const Body& body,
                   std::int64_t cpu_grain = kCpuGrain) {
   if (n <= 0) return;
   if (device.is_cpu()) {
-    if constexpr (detail::body_is_device_only<Body>()) {
-      DUALCAST_FAIL("parallel_for: a __device__ lambda cannot run on the CPU; write the body as a "
-                    "functor with a DUALCAST_HD operator() or as a DUALCAST_HD lambda");
-    } else {
-      detail::cpu_parallel_range(n, cpu_grain, &detail::run_range<Body>, &body);
-    }
+    detail::cpu_parallel_for(n, body, cpu_grain);
     return;
   }
 #if defined(__CUDACC__)

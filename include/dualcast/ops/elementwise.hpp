@@ -44,13 +44,15 @@ Tensor operator-(const Tensor& a);
 
 // ---- unary functions ----------------------------------------------------------------------------
 /// Every unary function, one X(name) each: the list declares `Var name(const Var&)` and
-/// `Tensor name(const Tensor&)` here, defines them and their functors (src/elementwise_unary.cu),
+/// `Tensor name(const Tensor&)` here, defines them and their functors (src/elementwise_unary*.cu),
 /// and drives the device test of tests/test_math.cu and the fuzzer (tests/fuzz), so adding a
-/// function is its value and derivative rule in math.hpp, its name here and one test line
-/// (docs/design.md, "How an elementwise op is added"). gelu is the exact erf form, x Phi(x).
-#define DUALCAST_UNARY_FUNCTIONS(X)                                                             \
-  X(exp) X(expm1) X(log) X(log1p) X(sqrt) X(cbrt) X(sin) X(cos) X(tan) X(tanh) X(sigmoid)      \
-  X(softplus) X(erf) X(gelu) X(abs) X(relu)
+/// function is its value and derivative rule in math.hpp, its name in one of the two halves here
+/// and one test line (docs/design.md, "How an elementwise op is added"). gelu is the exact erf
+/// form, x Phi(x). The halves are defined in two translation units that compile side by side.
+#define DUALCAST_UNARY_FUNCTIONS_A(X) X(exp) X(expm1) X(log) X(log1p) X(sqrt) X(cbrt) X(sin) X(cos)
+#define DUALCAST_UNARY_FUNCTIONS_B(X) \
+  X(tan) X(tanh) X(sigmoid) X(softplus) X(erf) X(gelu) X(abs) X(relu)
+#define DUALCAST_UNARY_FUNCTIONS(X) DUALCAST_UNARY_FUNCTIONS_A(X) DUALCAST_UNARY_FUNCTIONS_B(X)
 
 #define DUALCAST_DECLARE_UNARY(name) \
   Var name(const Var& x);            \
