@@ -52,10 +52,15 @@ def _read(path):
         raise HeadlineError("cannot read %s: %s" % (path, e)) from e
 
 
+def number(x, unit_scale=1.0):
+    """A time as every generated table writes it (scripts/paper uses this one too): four significant
+    figures at most, no decimals from 1000 up."""
+    v = x * unit_scale
+    return "%.0f" % v if v >= 1000 else "%.1f" % v if v >= 10 else "%.2f" % v
+
+
 def _time(ms, unit):
-    """As the paper's tables write times: four significant figures at most, none after 1000."""
-    v = ms * 1000.0 if unit == "µs" else ms
-    return ("%.0f" % v if v >= 1000 else "%.1f" % v if v >= 10 else "%.2f" % v) + " " + unit
+    return number(ms, 1000.0 if unit == "µs" else 1.0) + " " + unit
 
 
 def _hmlstm(folder, gpu, row, method, reverse):
