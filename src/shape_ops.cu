@@ -2,7 +2,8 @@
 // are in shape_ops_pieces.cu).
 //
 // Data movement does not care about the element type, only its size, so the copy kernels are
-// instantiated for 1-, 4- and 8-byte words (uint8 masks, float32, float64) rather than per dtype.
+// instantiated for 1-, 2-, 4- and 8-byte words (uint8 masks, 16-bit floats, float32, float64) rather
+// than per dtype.
 // Each op is one parallel_for pass over its output (a grid-stride kernel on a CUDA device); the
 // kernels sit in named function templates because nvcc rejects extended lambdas inside the generic
 // lambdas of a dtype dispatch. A permutation that is a (batched) matrix transpose once adjacent

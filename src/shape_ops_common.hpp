@@ -16,6 +16,7 @@ template <class Fn>
 void dispatch_word(DType t, const char* op, Fn&& fn) {
   switch (dtype_size(t)) {
     case 1: fn(std::uint8_t{}); return;
+    case 2: fn(std::uint16_t{}); return;
     case 4: fn(std::uint32_t{}); return;
     case 8: fn(std::uint64_t{}); return;
     default: break;

@@ -53,7 +53,7 @@ void bernoulli_fill(Device device, T* p, std::int64_t n, std::uint64_t seed, dou
 
 template <class To, class From>
 void cast_range(Device device, To* dst, const From* src, std::int64_t n) {
-  parallel_for(device, n, [=] DUALCAST_HD(std::int64_t i) { dst[i] = static_cast<To>(src[i]); });
+  parallel_for(device, n, [=] DUALCAST_HD(std::int64_t i) { dst[i] = convert<To>(src[i]); });
 }
 
 }  // namespace detail
@@ -129,7 +129,7 @@ Tensor Tensor::from_vector(const Shape& shape, const std::vector<T>& values, Dev
   DUALCAST_CHECK(static_cast<std::int64_t>(values.size()) == n, "from_vector: ", values.size(),
                  " values do not fill shape ", shape.str(), " (", n, " elements)");
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double> ||
-                std::is_same_v<T, std::uint8_t>) {
+                std::is_same_v<T, std::uint8_t> || is_half_v<T>) {
     detail::check_not_capturing(device, "Tensor::from_vector (a copy from the host)");
     Tensor t = allocate("from_vector", shape, dtype_of<T>(), device);
     copy_bytes(t.raw_data(), device, values.data(), Device::cpu(), t.nbytes());
@@ -143,12 +143,14 @@ Tensor Tensor::from_vector(const Shape& shape, const std::vector<T>& values, Dev
 template Tensor Tensor::from_vector<float>(const Shape&, const std::vector<float>&, Device);
 template Tensor Tensor::from_vector<double>(const Shape&, const std::vector<double>&, Device);
 template Tensor Tensor::from_vector<std::uint8_t>(const Shape&, const std::vector<std::uint8_t>&, Device);
+template Tensor Tensor::from_vector<bfloat16>(const Shape&, const std::vector<bfloat16>&, Device);
+template Tensor Tensor::from_vector<float16>(const Shape&, const std::vector<float16>&, Device);
 template Tensor Tensor::from_vector<int>(const Shape&, const std::vector<int>&, Device);
 template Tensor Tensor::from_vector<std::int64_t>(const Shape&, const std::vector<std::int64_t>&, Device);
 
 Tensor Tensor::randn(const Shape& shape, Device device, std::uint64_t seed, DType dtype) {
   Tensor t = allocate("Tensor::randn", shape, dtype, device);
-  dispatch_floating(dtype, "randn", [&](auto tag) {
+  dispatch_floating_storage(dtype, "randn", [&](auto tag) {
     using T = decltype(tag);
     detail::normal_fill<T>(device, t.data<T>(), t.numel(), seed);
   });
@@ -159,7 +161,7 @@ Tensor Tensor::uniform(const Shape& shape, Device device, std::uint64_t seed, do
                        DType dtype) {
   DUALCAST_CHECK(lo <= hi, "uniform: lo=", lo, " must not exceed hi=", hi);
   Tensor t = allocate("Tensor::uniform", shape, dtype, device);
-  dispatch_floating(dtype, "uniform", [&](auto tag) {
+  dispatch_floating_storage(dtype, "uniform", [&](auto tag) {
     using T = decltype(tag);
     detail::uniform_fill<T>(device, t.data<T>(), t.numel(), seed, lo, hi);
   });
@@ -192,6 +194,8 @@ T* Tensor::data() const {
 template float* Tensor::data<float>() const;
 template double* Tensor::data<double>() const;
 template std::uint8_t* Tensor::data<std::uint8_t>() const;
+template bfloat16* Tensor::data<bfloat16>() const;
+template float16* Tensor::data<float16>() const;
 
 void* Tensor::raw_data() const {
   DUALCAST_CHECK(defined(), "Tensor::raw_data: the tensor is undefined");
@@ -266,13 +270,15 @@ std::vector<T> Tensor::to_vector() const {
   dispatch_all(dtype_, "Tensor::to_vector", [&](auto tag) {
     using S = decltype(tag);
     const S* p = host.data<S>();
-    for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<T>(p[i]);
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = convert<T>(p[i]);
   });
   return out;
 }
 template std::vector<float> Tensor::to_vector<float>() const;
 template std::vector<double> Tensor::to_vector<double>() const;
 template std::vector<std::uint8_t> Tensor::to_vector<std::uint8_t>() const;
+template std::vector<bfloat16> Tensor::to_vector<bfloat16>() const;
+template std::vector<float16> Tensor::to_vector<float16>() const;
 template std::vector<int> Tensor::to_vector<int>() const;
 template std::vector<std::int64_t> Tensor::to_vector<std::int64_t>() const;
 

@@ -1,4 +1,4 @@
-// tensor.hpp: Tensor, an N-dimensional array (rank 0..kMaxRank) of float32, float64 or uint8 on the
+// tensor.hpp: Tensor, an N-dimensional array (rank 0..kMaxRank) of any DType (dtype.hpp) on the
 // CPU or a CUDA device. A Tensor is a handle: copies share storage (like a shared_ptr); clone() copies
 // the data. Storage is row-major contiguous; strides are kept for views to come.
 #pragma once
