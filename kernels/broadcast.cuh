@@ -21,6 +21,7 @@
 
 #include "dualcast/config.hpp"
 #include "dualcast/dual.hpp"
+#include "dualcast/half.hpp"
 #include "dualcast/indexing.hpp"
 #include "dualcast/parallel.hpp"
 #include "dualcast/kernels/call_args.cuh"
@@ -34,7 +35,7 @@
 
 namespace dualcast::detail {
 
-/// V values of T moved as one aligned load/store (16 bytes for float x4 or double x2).
+/// V values of T moved as one aligned load/store (16 bytes for float x4, double x2 or bfloat16 x8).
 template <class T, int V>
 struct alignas(sizeof(T) * V) Packet {
   T v[V];
@@ -78,7 +79,9 @@ DUALCAST_HD DUALCAST_INLINE void static_for(std::integer_sequence<int, Is...>, F
   (fn(std::integral_constant<int, Is>{}), ...);
 }
 
-/// Elements per chunk: 16 bytes of T, fewer for wide functions so partials stay in registers.
+/// Elements per chunk: 16 bytes of T, fewer for wide functions so partials stay in registers. T is
+/// the storage type: a 16-bit call moves 8 elements in one 16-byte packet (and computes them in
+/// float registers).
 template <class T, int K>
 inline constexpr int chunk_width = (K <= 6 ? 16 : 8) / static_cast<int>(sizeof(T)) > 0
                                        ? (K <= 6 ? 16 : 8) / static_cast<int>(sizeof(T))
@@ -109,18 +112,35 @@ DUALCAST_HD DUALCAST_INLINE Packet<T, V> load_packet(const T* p, Idx base) {
     static_assert(sizeof(out) == sizeof(r));
     __builtin_memcpy(&out, &r, sizeof(r));
     return out;
+  } else if constexpr (sizeof(Packet<T, V>) == 8) {
+    const float2 r = __ldg(reinterpret_cast<const float2*>(src));
+    Packet<T, V> out;
+    __builtin_memcpy(&out, &r, sizeof(r));
+    return out;
   }
 #endif
   return *src;
 }
 
-/// A packet store. `streaming` marks data nobody re-reads soon (gradients, stored partials): on
-/// the GPU it is written evict-first, so it does not push inputs out of L2.
-template <class T, int V, class Idx>
-DUALCAST_HD DUALCAST_INLINE void store_packet(T* p, Idx base, const T (&v)[V], bool streaming = false) {
+/// One read-only value (non-coherent on the GPU; a 16-bit value through its bits).
+template <class T>
+DUALCAST_HD DUALCAST_INLINE T load_one(const T* p) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (is_half_v<T>) return T::from_bits(__ldg(reinterpret_cast<const unsigned short*>(p)));
+  else return __ldg(p);
+#else
+  return *p;
+#endif
+}
+
+/// A packet store of V computed values, each rounded to the storage type T. `streaming` marks data
+/// nobody re-reads soon (gradients, stored partials): on the GPU it is written evict-first, so it
+/// does not push inputs out of L2.
+template <class T, int V, class Idx, class C>
+DUALCAST_HD DUALCAST_INLINE void store_packet(T* p, Idx base, const C (&v)[V], bool streaming = false) {
   Packet<T, V> pk;
 DUALCAST_UNROLL
-  for (int e = 0; e < V; ++e) pk.v[e] = v[e];
+  for (int e = 0; e < V; ++e) pk.v[e] = static_cast<T>(v[e]);
   auto* dst = reinterpret_cast<Packet<T, V>*>(p + base);
 #if defined(__CUDA_ARCH__)
   if constexpr (sizeof(Packet<T, V>) == 16) {
@@ -139,13 +159,14 @@ DUALCAST_UNROLL
 
 // ---- operands ----------------------------------------------------------------------------------
 
-/// Operands shared by the forward and backward bodies.
-template <class T, int NA>
+/// Operands shared by the forward and backward bodies: tensors stored as S, loaded as T (S itself,
+/// or float for a 16-bit S).
+template <class T, int NA, class S = T>
 struct BroadcastOperands {
   static constexpr int NAX = NA > 0 ? NA : 1;
   BroadcastIndexer<NA> ix;   ///< general path
   ChunkIndexer<NA> cix;      ///< fast path (valid when `fast`)
-  const T* in[NAX];          ///< argument data, null for a plain number
+  const S* in[NAX];          ///< argument data, null for a plain number
   T scal[NAX];               ///< the number, for plain-number arguments
   std::int64_t n = 0;        ///< output elements
   bool vec = false;          ///< every contiguous operand is 16-byte aligned
@@ -166,7 +187,7 @@ DUALCAST_UNROLL
 DUALCAST_UNROLL
     for (int a = 0; a < NA; ++a) {
       if (in[a] && ix.access[a] == Access::contiguous) {
-        const Packet<T, V> p = load_packet<T, V>(in[a], base);
+        const Packet<S, V> p = load_packet<S, V>(in[a], base);
 DUALCAST_UNROLL
         for (int e = 0; e < V; ++e) x[e][a] = p.v[e];
       }
@@ -226,15 +247,11 @@ DUALCAST_UNROLL
 DUALCAST_UNROLL
       for (int e = 0; e < V; ++e) x[e][a] = scal[a];
     } else if (cix.read[a] == ChunkRead::packet || cix.read[a] == ChunkRead::strided_packet) {
-      const Packet<T, V> p = load_packet<T, V>(in[a], off);
+      const Packet<S, V> p = load_packet<S, V>(in[a], off);
 DUALCAST_UNROLL
       for (int e = 0; e < V; ++e) x[e][a] = p.v[e];
     } else {
-#if defined(__CUDA_ARCH__)
-      const T v = __ldg(in[a] + off);
-#else
-      const T v = in[a][off];
-#endif
+      const T v = load_one(in[a] + off);
 DUALCAST_UNROLL
       for (int e = 0; e < V; ++e) x[e][a] = v;
     }
@@ -295,25 +312,28 @@ DUALCAST_HD DUALCAST_INLINE void fast_path_chunk(const Body& b, std::uint32_t ch
 
 /// Forward: out[m][i] = value(f(args at i))[m]; under STORE also part[m][k][i] = partial k.
 /// DUAL=false evaluates f on plain numbers (nothing to differentiate, or nothing stored).
-template <class T, int K, int M, bool DUAL, bool STORE, class F, class Slots>
+/// S is the storage type of every tensor of the call; f runs on T = compute_t<S>.
+template <class S, int K, int M, bool DUAL, bool STORE, class F, class Slots>
 struct ForwardBody;
 
-template <class T, int K, int M, bool DUAL, bool STORE, class F, int... Slots>
-struct ForwardBody<T, K, M, DUAL, STORE, F, std::integer_sequence<int, Slots...>> {
+template <class S, int K, int M, bool DUAL, bool STORE, class F, int... Slots>
+struct ForwardBody<S, K, M, DUAL, STORE, F, std::integer_sequence<int, Slots...>> {
+  using T = compute_t<S>;
   static constexpr int NA = sizeof...(Slots);
   static constexpr int NAX = NA > 0 ? NA : 1;
   static constexpr int KK = K > 0 ? K : 1;
-  static constexpr int V = chunk_width<T, K>;
+  static constexpr int V = chunk_width<S, K>;
   static constexpr bool device_only = is_device_only_lambda<F>;
-  using scalar = T;  // what the CPU tiles (broadcast_cpu.cuh) need to know of a body
+  using scalar = T;   // what the CPU tiles (broadcast_cpu.cuh) need to know of a body
+  using storage = S;
   static constexpr int outputs = M;
   static constexpr int partials = K;
   static constexpr bool stores = STORE;
   static constexpr bool forward = true;
   F f;
-  BroadcastOperands<T, NA> ops;
-  T* out[M];
-  T* part[M][KK];  ///< STORE only; null where that argument needs no gradient
+  BroadcastOperands<T, NA, S> ops;
+  S* out[M];
+  S* part[M][KK];  ///< STORE only; null where that argument needs no gradient
 
   DUALCAST_HD DUALCAST_INLINE void eval(const T* x, T* y, T (*p)[KK]) const {
     const auto r = invoke_at<T, K, DUAL>(f, x, std::integer_sequence<int, Slots...>{},
@@ -350,11 +370,11 @@ DUALCAST_UNROLL
     }
 DUALCAST_UNROLL
     for (int m = 0; m < M; ++m) {
-      store_packet<T, V>(out[m], base, y[m]);
+      store_packet<S, V>(out[m], base, y[m]);
       if constexpr (STORE) {
 DUALCAST_UNROLL
         for (int k = 0; k < K; ++k)
-          if (part[m][k]) store_packet<T, V>(part[m][k], base, p[m][k], /*streaming=*/true);
+          if (part[m][k]) store_packet<S, V>(part[m][k], base, p[m][k], /*streaming=*/true);
       }
     }
   }
@@ -366,11 +386,11 @@ DUALCAST_UNROLL
     eval(x, y, p);
 DUALCAST_UNROLL
     for (int m = 0; m < M; ++m) {
-      out[m][i] = y[m];
+      out[m][i] = static_cast<S>(y[m]);
       if constexpr (STORE) {
 DUALCAST_UNROLL
         for (int k = 0; k < K; ++k)
-          if (part[m][k]) part[m][k][i] = p[m][k];
+          if (part[m][k]) part[m][k][i] = static_cast<S>(p[m][k]);
       }
     }
   }
@@ -394,26 +414,30 @@ DUALCAST_UNROLL
 /// Backward: for every differentiated argument k with a destination,
 ///   gout[k][i] = gold[k][i] (or 0) + sum_m adj[m][i] * d out_m / d arg_k (at element i),
 /// the partials read back (STORE) or recomputed by evaluating f on duals (recompute).
-template <class T, int K, int M, bool STORE, class F, class Slots>
+/// S is the storage type of every tensor of the call (adjoints and gradients included); the
+/// products and sums run on T = compute_t<S>.
+template <class S, int K, int M, bool STORE, class F, class Slots>
 struct BackwardBody;
 
-template <class T, int K, int M, bool STORE, class F, int... Slots>
-struct BackwardBody<T, K, M, STORE, F, std::integer_sequence<int, Slots...>> {
+template <class S, int K, int M, bool STORE, class F, int... Slots>
+struct BackwardBody<S, K, M, STORE, F, std::integer_sequence<int, Slots...>> {
+  using T = compute_t<S>;
   static constexpr int NA = sizeof...(Slots);
   static constexpr int NAX = NA > 0 ? NA : 1;
-  static constexpr int V = STORE ? chunk_width<T, K> : recompute_chunk_width<T, K>;
+  static constexpr int V = STORE ? chunk_width<S, K> : recompute_chunk_width<S, K>;
   static constexpr bool device_only = is_device_only_lambda<F>;
   using scalar = T;
+  using storage = S;
   static constexpr int outputs = M;
   static constexpr int partials = K;
   static constexpr bool stores = STORE;
   static constexpr bool forward = false;
   F f;
-  BroadcastOperands<T, NA> ops;
-  const T* part[M][K];  ///< STORE only
-  const T* adj[M];      ///< null: nothing flowed into output m
-  T* gout[K];           ///< null: argument k needs no gradient
-  const T* gold[K];     ///< null: no earlier gradient to add to
+  BroadcastOperands<T, NA, S> ops;
+  const S* part[M][K];  ///< STORE only
+  const S* adj[M];      ///< null: nothing flowed into output m
+  S* gout[K];           ///< null: argument k needs no gradient
+  const S* gold[K];     ///< null: no earlier gradient to add to
   bool stream_out[K];   ///< gout[k] is nobody's input soon (a gradient, not a buffer to reduce)
 
   /// d[m][k] of f at one element whose arguments are x (recompute).
@@ -435,7 +459,7 @@ DUALCAST_UNROLL
 DUALCAST_UNROLL
     for (int m = 0; m < M; ++m) {
       if (adj[m]) {
-        const Packet<T, V> pa = load_packet<T, V>(adj[m], base);
+        const Packet<S, V> pa = load_packet<S, V>(adj[m], base);
 DUALCAST_UNROLL
         for (int e = 0; e < V; ++e) a[m][e] = pa.v[e];
       } else {
@@ -453,7 +477,7 @@ DUALCAST_UNROLL
 DUALCAST_UNROLL
         for (int m = 0; m < M; ++m) {
           if (!part[m][k] || !adj[m]) continue;
-          const Packet<T, V> pp = load_packet<T, V>(part[m][k], base);
+          const Packet<S, V> pp = load_packet<S, V>(part[m][k], base);
 DUALCAST_UNROLL
           for (int e = 0; e < V; ++e) g[k][e] += a[m][e] * pp.v[e];
         }
@@ -477,11 +501,11 @@ DUALCAST_UNROLL
     for (int k = 0; k < K; ++k) {
       if (!gout[k]) continue;
       if (gold[k]) {
-        const Packet<T, V> po = load_packet<T, V>(gold[k], base);
+        const Packet<S, V> po = load_packet<S, V>(gold[k], base);
 DUALCAST_UNROLL
         for (int e = 0; e < V; ++e) g[k][e] += po.v[e];
       }
-      store_packet<T, V>(gout[k], base, g[k], stream_out[k]);
+      store_packet<S, V>(gout[k], base, g[k], stream_out[k]);
     }
   }
 
@@ -507,7 +531,7 @@ DUALCAST_UNROLL
 DUALCAST_UNROLL
       for (int m = 0; m < M; ++m)
         if (adj[m]) s += a[m] * d[m][k];
-      gout[k][i] = s;
+      gout[k][i] = static_cast<S>(s);
     }
   }
 

@@ -279,7 +279,8 @@ struct CpuTiles {
 /// Whether a body runs as CpuTiles: every forward, and the recomputing backward (the storing
 /// backward multiplies stored partials by adjoints: nothing to gain).
 template <class Body>
-inline constexpr bool cpu_tiles_apply = Body::forward || !Body::stores;
+inline constexpr bool cpu_tiles_apply =
+    (Body::forward || !Body::stores) && std::is_same_v<typename Body::storage, typename Body::scalar>;
 
 #endif  // DUALCAST_CPU_TILES
 

@@ -9,7 +9,9 @@
 // organised by channel: task (c, s) walks the s-th of S slices of channel c's N*inner elements,
 // re-evaluates f on duals, writes adj * df/dx for full-size arguments and sums adj * df/dp for
 // per-channel ones; the S partial sums of each channel are added in a fixed order afterwards, so the
-// result does not depend on thread timing. Same code on CPU threads and in a CUDA grid.
+// result does not depend on thread timing. Same code on CPU threads and in a CUDA grid. Tensors are
+// stored as S (float, double, bfloat16, float16) and computed on T = compute_t<S>: a 16-bit call
+// loads 8 elements per 16-byte packet, and its per-channel partial sums are kept in float.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +20,7 @@
 
 #include "dualcast/config.hpp"
 #include "dualcast/dual.hpp"
+#include "dualcast/half.hpp"
 #include "dualcast/parallel.hpp"
 #include "dualcast/kernels/call_args.cuh"
 
@@ -52,10 +55,10 @@ inline constexpr int cb_width = (K <= 6 ? 16 : 8) / static_cast<int>(sizeof(T)) 
                                     ? (K <= 6 ? 16 : 8) / static_cast<int>(sizeof(T))
                                     : 1;
 
-template <class T, int NA>
+template <class T, int NA, class S = T>
 struct ChannelOperands {
   static constexpr int NN = NA > 0 ? NA : 1;
-  const T* in[NN] = {};  ///< data; null for a number
+  const S* in[NN] = {};  ///< data; null for a number
   T scal[NN] = {};       ///< the number
   int access[NN] = {};   ///< ChannelAccess
   std::int64_t n = 0, C = 1, inner = 1;
@@ -78,7 +81,7 @@ struct ChannelOperands {
     DUALCAST_UNROLL
     for (int a = 0; a < NA; ++a) {
       if (access[a] == static_cast<int>(ChannelAccess::full)) {
-        const CbPacket<T, V> p = *reinterpret_cast<const CbPacket<T, V>*>(in[a] + base);
+        const CbPacket<S, V> p = *reinterpret_cast<const CbPacket<S, V>*>(in[a] + base);
         DUALCAST_UNROLL
         for (int e = 0; e < V; ++e) x[e][a] = p.v[e];
       } else {
@@ -93,17 +96,18 @@ struct ChannelOperands {
 // ---- forward ---------------------------------------------------------------------------------------
 
 /// out[i] = value(f(args at i)); DUAL=false evaluates f on plain numbers.
-template <class T, int K, bool DUAL, class F, class Slots>
+template <class S, int K, bool DUAL, class F, class Slots>
 struct ChannelForwardBody;
 
-template <class T, int K, bool DUAL, class F, int... Slots>
-struct ChannelForwardBody<T, K, DUAL, F, std::integer_sequence<int, Slots...>> {
+template <class S, int K, bool DUAL, class F, int... Slots>
+struct ChannelForwardBody<S, K, DUAL, F, std::integer_sequence<int, Slots...>> {
+  using T = compute_t<S>;
   static constexpr int NA = sizeof...(Slots);
   static constexpr int NN = NA > 0 ? NA : 1;
-  static constexpr int V = cb_width<T>;
+  static constexpr int V = cb_width<S>;
   F f;
-  ChannelOperands<T, NA> ops{};
-  T* out = nullptr;
+  ChannelOperands<T, NA, S> ops{};
+  S* out = nullptr;
 
   [[nodiscard]] DUALCAST_HD DUALCAST_INLINE T eval(const T* x) const {
     return static_cast<T>(value(invoke_at<T, (K > 0 ? K : 1), DUAL>(
@@ -116,10 +120,10 @@ struct ChannelForwardBody<T, K, DUAL, F, std::integer_sequence<int, Slots...>> {
       const std::int64_t c = ops.channel_of(base);
       T x[V][NN];
       ops.template load_chunk<V>(base, c, x);
-      CbPacket<T, V> y;
+      CbPacket<S, V> y;
       DUALCAST_UNROLL
-      for (int e = 0; e < V; ++e) y.v[e] = eval(x[e]);
-      *reinterpret_cast<CbPacket<T, V>*>(out + base) = y;
+      for (int e = 0; e < V; ++e) y.v[e] = static_cast<S>(eval(x[e]));
+      *reinterpret_cast<CbPacket<S, V>*>(out + base) = y;
       return;
     }
     for (int e = 0; e < V; ++e) {
@@ -127,7 +131,7 @@ struct ChannelForwardBody<T, K, DUAL, F, std::integer_sequence<int, Slots...>> {
       if (i >= ops.n) return;
       T x[NN];
       ops.load(i, ops.channel_of(i), x);
-      out[i] = eval(x);
+      out[i] = static_cast<S>(eval(x));
     }
   }
 };
@@ -137,21 +141,22 @@ struct ChannelForwardBody<T, K, DUAL, F, std::integer_sequence<int, Slots...>> {
 /// Task (c, s) of the backward pass: for the s-th slice of channel c, with g = adj * df/d(arg k),
 ///   gout[k][i] = (gold[k] ? gout[k][i] : 0) + g     for full-size arguments with a destination,
 ///   partial[(k * C + c) * S + s] = sum of g           for per-channel arguments that need a gradient.
-template <class T, int K, class F, class Slots>
+template <class St, int K, class F, class Slots>
 struct ChannelBackwardBody;
 
-template <class T, int K, class F, int... Slots>
-struct ChannelBackwardBody<T, K, F, std::integer_sequence<int, Slots...>> {
+template <class St, int K, class F, int... Slots>
+struct ChannelBackwardBody<St, K, F, std::integer_sequence<int, Slots...>> {
+  using T = compute_t<St>;
   static constexpr int NA = sizeof...(Slots);
   static constexpr int NN = NA > 0 ? NA : 1;
-  static constexpr int V = cb_width<T, K>;
+  static constexpr int V = cb_width<St, K>;
   F f;
-  ChannelOperands<T, NA> ops{};
-  const T* adj = nullptr;
-  T* gout[K] = {};
+  ChannelOperands<T, NA, St> ops{};
+  const St* adj = nullptr;
+  St* gout[K] = {};
   bool gold[K] = {};
   bool reduce[K] = {};
-  T* partial = nullptr;
+  T* partial = nullptr;  ///< per-channel partial sums, in the compute type
   std::int64_t S = 1;  ///< slices per channel
   std::int64_t M = 0;  ///< elements per channel (N * inner)
 
@@ -182,7 +187,7 @@ struct ChannelBackwardBody<T, K, F, std::integer_sequence<int, Slots...>> {
     grads(x, adj[i], g);
     DUALCAST_UNROLL
     for (int k = 0; k < K; ++k) {
-      if (gout[k]) gout[k][i] = (gold[k] ? gout[k][i] : T(0)) + g[k];
+      if (gout[k]) gout[k][i] = static_cast<St>((gold[k] ? static_cast<T>(gout[k][i]) : T(0)) + g[k]);
       if (reduce[k]) acc[k] += g[k];
     }
   }
@@ -191,7 +196,7 @@ struct ChannelBackwardBody<T, K, F, std::integer_sequence<int, Slots...>> {
   DUALCAST_HD DUALCAST_INLINE void chunk(std::int64_t i, std::int64_t c, T* acc) const {
     T x[V][NN];
     ops.template load_chunk<V>(i, c, x);
-    const CbPacket<T, V> pa = *reinterpret_cast<const CbPacket<T, V>*>(adj + i);
+    const CbPacket<St, V> pa = *reinterpret_cast<const CbPacket<St, V>*>(adj + i);
     T g[K][V];
     DUALCAST_UNROLL
     for (int e = 0; e < V; ++e) {
@@ -206,11 +211,11 @@ struct ChannelBackwardBody<T, K, F, std::integer_sequence<int, Slots...>> {
     DUALCAST_UNROLL
     for (int k = 0; k < K; ++k) {
       if (!gout[k]) continue;
-      CbPacket<T, V> p;
-      if (gold[k]) p = *reinterpret_cast<const CbPacket<T, V>*>(gout[k] + i);
+      CbPacket<St, V> p;
+      if (gold[k]) p = *reinterpret_cast<const CbPacket<St, V>*>(gout[k] + i);
       DUALCAST_UNROLL
-      for (int e = 0; e < V; ++e) p.v[e] = (gold[k] ? p.v[e] : T(0)) + g[k][e];
-      *reinterpret_cast<CbPacket<T, V>*>(gout[k] + i) = p;
+      for (int e = 0; e < V; ++e) p.v[e] = static_cast<St>((gold[k] ? static_cast<T>(p.v[e]) : T(0)) + g[k][e]);
+      *reinterpret_cast<CbPacket<St, V>*>(gout[k] + i) = p;
     }
   }
 
@@ -241,11 +246,12 @@ void cb_run_tasks(const void* ctx, std::int64_t begin, std::int64_t end) {
   for (std::int64_t t = begin; t < end; ++t) body.run_task(t);
 }
 
-/// out[r][c] = sum over s of partial[(slot_of[r] * C + c) * S + s], added in order, in double.
-template <class T>
+/// out[r][c] = sum over s of partial[(slot_of[r] * C + c) * S + s], added in order, in double;
+/// partials of type T, gradients stored as O.
+template <class T, class O = T>
 struct ChannelPartialSum {
   const T* partial = nullptr;
-  T* out[16] = {};
+  O* out[16] = {};
   int slot_of[16] = {};
   std::int64_t C = 1, S = 1;
   DUALCAST_HD void operator()(std::int64_t i) const {
@@ -253,7 +259,7 @@ struct ChannelPartialSum {
     const T* p = partial + (static_cast<std::int64_t>(slot_of[r]) * C + c) * S;
     double acc = 0.0;
     for (std::int64_t s = 0; s < S; ++s) acc += static_cast<double>(p[s]);
-    out[r][c] = static_cast<T>(acc);
+    out[r][c] = static_cast<O>(acc);
   }
 };
 

@@ -1,5 +1,6 @@
 // broadcast.cpp: the non-template half of broadcast(): argument checks (devices, dtypes, shapes)
-// with messages naming the arguments, and the conversion of mask arguments.
+// with messages naming the arguments, type promotion, and the conversion of mask and promoted
+// arguments.
 #include "dualcast/broadcast.hpp"
 
 #include <string>
@@ -25,6 +26,11 @@ CallPlan plan_broadcast(std::vector<ArgInfo> args) {
   plan.device = first->tensor.device();
   const ArgInfo* type_source = first_var ? first_var : first_float;
   plan.dtype = type_source ? type_source->tensor.dtype() : DType::float32;
+  // float32 and the 16-bit types promote as in PyTorch (to float32 when they mix); float64 mixes
+  // with nothing, so a float32 model never silently runs a step in double.
+  for (const auto& a : args)
+    if (a.kind != kNumberArg && is_floating(a.tensor.dtype()) && promotable(plan.dtype, a.tensor.dtype()))
+      plan.dtype = promote_types(plan.dtype, a.tensor.dtype());
 
   std::vector<NamedShape> shapes;
   std::vector<std::string> names;
@@ -39,12 +45,15 @@ CallPlan plan_broadcast(std::vector<ArgInfo> args) {
                    first - args.data(), " ", first->tensor.shape().str(), " is on ",
                    plan.device.str());
     if (t.dtype() != plan.dtype) {
-      DUALCAST_CHECK(t.dtype() == DType::uint8 && info.kind == kTensorArg,
+      const bool promoted = is_half(t.dtype()) && plan.dtype == DType::float32;
+      DUALCAST_CHECK(promoted || (t.dtype() == DType::uint8 && info.kind == kTensorArg),
                      "broadcast: arguments of different dtypes: argument #", a, " ",
                      t.shape().str(), " is ", dtype_name(t.dtype()), " but argument #",
                      type_source - args.data(), " ", type_source->tensor.shape().str(), " is ",
                      dtype_name(plan.dtype), " (convert with Tensor::to(DType))");
-      info.tensor = t.to(plan.dtype);  // masks become 0/1 numbers of the element type
+      // Masks become 0/1 numbers of the element type; a promoted 16-bit argument a float32 copy (its
+      // gradient goes back converted: BroadcastNode).
+      info.tensor = t.to(plan.dtype);
     }
     shapes.push_back({names[a].c_str(), info.tensor.shape()});
   }

@@ -45,7 +45,11 @@ ChannelPlan plan_channel_broadcast(std::vector<ChannelArg> args) {
   plan.device = largest->tensor.device();
   plan.dtype = type_source ? type_source->tensor.dtype() : DType::float32;
   DUALCAST_CHECK(is_floating(plan.dtype), "channel_broadcast: arguments of dtype ",
-                 dtype_name(plan.dtype), " (expected float32 or float64)");
+                 dtype_name(plan.dtype), " (expected float32, float64, bfloat16 or float16)");
+  // As broadcast(): float32 and the 16-bit types promote (to float32 when they mix).
+  for (const auto& a : args)
+    if (a.kind != kNumberArg && is_floating(a.tensor.dtype()) && promotable(plan.dtype, a.tensor.dtype()))
+      plan.dtype = promote_types(plan.dtype, a.tensor.dtype());
   plan.N = out[0];
   plan.C = out[1];
   plan.inner = 1;
@@ -63,7 +67,8 @@ ChannelPlan plan_channel_broadcast(std::vector<ChannelArg> args) {
                    " but argument #", largest - args.data(), " ", out.str(), " is on ",
                    plan.device.str());
     if (t.dtype() != plan.dtype) {
-      DUALCAST_CHECK(t.dtype() == DType::uint8 && info.kind == kTensorArg,
+      const bool promoted = is_half(t.dtype()) && plan.dtype == DType::float32;
+      DUALCAST_CHECK(promoted || (t.dtype() == DType::uint8 && info.kind == kTensorArg),
                      "channel_broadcast: arguments of different dtypes: argument #", a, " ",
                      t.shape().str(), " is ", dtype_name(t.dtype()), " but argument #",
                      type_source - args.data(), " is ", dtype_name(plan.dtype),

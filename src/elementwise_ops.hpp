@@ -97,8 +97,8 @@ EwOperand ew_operand(const char* name, const A& a) {
   return o;
 }
 
-/// Whether the arguments pass broadcast()'s checks (defined, one device, one dtype or a uint8
-/// mask, shapes that broadcast), found without allocating: the common case costs a few compares.
+/// Whether the arguments pass broadcast()'s checks (defined, one device, dtypes that promote or a
+/// uint8 mask, shapes that broadcast), found without allocating: the common case costs a few compares.
 inline bool ew_operands_ok(const EwOperand* args, std::size_t n) {
   const Tensor* ref = nullptr;
   int rank = 0;
@@ -109,7 +109,8 @@ inline bool ew_operands_ok(const EwOperand* args, std::size_t n) {
     rank = a.tensor->rank() > rank ? a.tensor->rank() : rank;
     if (a.mask && a.tensor->dtype() == DType::uint8) continue;
     if (!ref) ref = a.tensor;
-    else if (a.tensor->device() != ref->device() || a.tensor->dtype() != ref->dtype()) return false;
+    else if (a.tensor->device() != ref->device() || !promotable(a.tensor->dtype(), ref->dtype()))
+      return false;
   }
   for (std::size_t i = 0; ref && i < n; ++i)
     if (args[i].tensor && args[i].tensor->device() != ref->device()) return false;
@@ -139,7 +140,9 @@ inline void report_ew_operands(const char* op, const EwOperand* args, std::size_
     shapes.push_back({a.name, a.tensor->shape()});
     if (a.mask) continue;
     if (!ref) ref = &a;
-    else check_same_device_dtype(op, ref->name, *ref->tensor, a.name, *a.tensor);
+    else if (a.tensor->device() != ref->tensor->device() ||
+             !promotable(a.tensor->dtype(), ref->tensor->dtype()))
+      check_same_device_dtype(op, ref->name, *ref->tensor, a.name, *a.tensor);
   }
   for (std::size_t i = 0; ref && i < n; ++i) {
     const EwOperand& a = args[i];
@@ -148,7 +151,7 @@ inline void report_ew_operands(const char* op, const EwOperand* args, std::size_
                    "devices: '", a.name, "' ", a.tensor->shape().str(), " on ",
                    a.tensor->device().str(), ", '", ref->name, "' ", ref->tensor->shape().str(),
                    " on ", ref->tensor->device().str());
-    DUALCAST_CHECK(a.tensor->dtype() == DType::uint8 || a.tensor->dtype() == ref->tensor->dtype(), op,
+    DUALCAST_CHECK(a.tensor->dtype() == DType::uint8 || promotable(a.tensor->dtype(), ref->tensor->dtype()), op,
                    ": argument '", a.name, "' ", a.tensor->shape().str(), " is ",
                    dtype_name(a.tensor->dtype()), "; expected uint8 or ",
                    dtype_name(ref->tensor->dtype()), " like '", ref->name, "'");

@@ -9,6 +9,12 @@
 //    or number argument (K = number of Var arguments; CPU and GPU);
 //  * a generic __device__ lambda (GPU only; a single output).
 // f may use if/else, early returns, loops and locals: only values steer control flow.
+//
+// dtypes: float32, float64, bfloat16, float16. A 16-bit call moves 16 bits per element and computes
+// in float: f runs on float and Dual<float, K> (write f for float, or generically), outputs,
+// gradients and stored partials are rounded once to the 16-bit type. float32 and 16-bit arguments
+// promote to float32 as in PyTorch (the 16-bit ones are converted first, their gradients converted
+// back); plain numbers never promote; float64 mixes with nothing.
 #pragma once
 
 #include <array>
@@ -71,7 +77,8 @@ struct ResultFor<false, F, T, K, Args...> {
 // ---- runtime description of one call ---------------------------------------------------------------
 // ArgInfo and describe_arg: call_args.hpp.
 
-/// Shape checks, dtype and device of a broadcast call; converts uint8 masks to the element type.
+/// Shape checks, dtype and device of a broadcast call; converts uint8 masks, and 16-bit arguments of
+/// a call that promotes to float32, to the call's dtype.
 struct CallPlan {
   Shape out_shape;
   DType dtype = DType::float32;
@@ -80,11 +87,12 @@ struct CallPlan {
 };
 CallPlan plan_broadcast(std::vector<ArgInfo> args);
 
-/// The operands of a call for element type T, and which path (fast or general) can run it with
-/// chunks of V elements.
-template <class T, int NA>
-BroadcastOperands<T, NA> make_operands(const CallPlan& plan, int V) {
-  BroadcastOperands<T, NA> ops;
+/// The operands of a call whose tensors are stored as S, and which path (fast or general) can run
+/// it with chunks of V elements.
+template <class S, int NA>
+BroadcastOperands<compute_t<S>, NA, S> make_operands(const CallPlan& plan, int V) {
+  using T = compute_t<S>;
+  BroadcastOperands<T, NA, S> ops;
   std::vector<Shape> shapes(static_cast<std::size_t>(NA));
   bool present[NA > 0 ? NA : 1] = {};
   for (int a = 0; a < NA; ++a) {
@@ -97,7 +105,7 @@ BroadcastOperands<T, NA> make_operands(const CallPlan& plan, int V) {
   ops.vec = true;
   for (int a = 0; a < NA; ++a) {
     const auto& info = plan.args[static_cast<std::size_t>(a)];
-    ops.in[a] = info.tensor.defined() ? info.tensor.template data<T>() : nullptr;
+    ops.in[a] = info.tensor.defined() ? info.tensor.template data<S>() : nullptr;
     ops.scal[a] = static_cast<T>(info.number);
     if (!ops.in[a]) ops.ix.access[a] = Access::scalar;
     if (ops.in[a] && ops.ix.access[a] != Access::scalar && !aligned16(ops.in[a])) ops.vec = false;
@@ -122,7 +130,8 @@ struct GradTarget {
 
 // ---- the tape node ------------------------------------------------------------------------------
 /// kStorable=false compiles only the recompute kernels (the op library's one-primitive nodes, which
-/// never store partials), halving what nvcc instantiates for them.
+/// never store partials), halving what nvcc instantiates for them. T is the storage type of the
+/// call's tensors (bfloat16 and float16 compute in float).
 template <class F, class T, int K, int M, class Slots, bool kStorable>
 class BroadcastNode final : public Node {
  public:
@@ -149,7 +158,7 @@ class BroadcastNode final : public Node {
       // (empty, or zeros for a non-empty argument broadcast against an empty one).
       for (int k = 0; k < K; ++k)
         if (const auto& in = inputs[static_cast<std::size_t>(k)])
-          accumulate_grad(*in, Tensor::zeros(var_shapes[static_cast<std::size_t>(k)], plan_.dtype, dev),
+          accumulate_grad(*in, Tensor::zeros(var_shapes[static_cast<std::size_t>(k)], in->value.dtype(), dev),
                           /*owned=*/true);
       return;
     }
@@ -165,7 +174,8 @@ class BroadcastNode final : public Node {
       for (const VarState* s : direct_seen) dup = dup || s == in.get();
       // A gradient of the output's shape is written in place (or fresh) by the kernel; a broadcast
       // argument, or one appearing twice, gets a full-size buffer reduced or added afterwards.
-      t.direct = !dup && var_shapes[static_cast<std::size_t>(k)] == out_shape;
+      t.direct = !dup && var_shapes[static_cast<std::size_t>(k)] == out_shape &&
+                 in->value.dtype() == plan_.dtype;
       if (t.direct) {
         direct_seen.push_back(in.get());
         if (in->grad.defined() && in->grad_owned) t.buffer = in->grad;
@@ -221,7 +231,9 @@ class BroadcastNode final : public Node {
         t.state->grad = t.buffer;
         t.state->grad_owned = true;
       } else {
-        accumulate_grad(*t.state, sum_to(t.buffer, var_shapes[static_cast<std::size_t>(k)]),
+        // A promoted argument (a 16-bit Var in a float32 call) gets its gradient in its own dtype.
+        accumulate_grad(*t.state,
+                        sum_to(t.buffer, var_shapes[static_cast<std::size_t>(k)]).to(t.state->value.dtype()),
                         /*owned=*/true);
       }
     }
@@ -237,9 +249,10 @@ class BroadcastNode final : public Node {
 template <class R>
 using output_array_t = std::array<Var, OutputTraits<R>::count>;
 
-/// Runs the forward pass for element type T and records the node.
-template <class T, bool kStorable, class F, class... Args>
+/// Runs the forward pass for tensors stored as S (f computing on compute_t<S>) and records the node.
+template <class S, bool kStorable, class F, class... Args>
 auto broadcast_typed(Partials policy, const F& f, CallPlan plan, const std::vector<Var>& vars) {
+  using T = compute_t<S>;
   using List = ArgList<Args...>;
   constexpr int K = List::vars;
   constexpr int NA = List::count;
@@ -257,23 +270,23 @@ auto broadcast_typed(Partials policy, const F& f, CallPlan plan, const std::vect
 
   std::vector<Tensor> partials;
   auto set_outputs = [&](auto& body) {
-    body.ops = make_operands<T, NA>(plan, std::remove_cvref_t<decltype(body)>::V);
+    body.ops = make_operands<S, NA>(plan, std::remove_cvref_t<decltype(body)>::V);
     for (int m = 0; m < M; ++m) {
-      body.out[m] = outs[static_cast<std::size_t>(m)].template data<T>();
+      body.out[m] = outs[static_cast<std::size_t>(m)].template data<S>();
       require_aligned(body.ops, body.out[m]);
     }
   };
   const bool store = kStorable && differentiate && policy == Partials::store;
   if (n > 0 && store) {
     if constexpr (kStorable) {
-      ForwardBody<T, K, M, true, true, F, Slots> body{f};
+      ForwardBody<S, K, M, true, true, F, Slots> body{f};
       set_outputs(body);
       partials.resize(static_cast<std::size_t>(M * K));
       for (int k = 0; k < K; ++k) {
         if (!vars[static_cast<std::size_t>(k)].requires_grad()) continue;
         for (int m = 0; m < M; ++m) {
           Tensor p = Tensor::empty(plan.out_shape, plan.dtype, plan.device);
-          body.part[m][k] = p.template data<T>();
+          body.part[m][k] = p.template data<S>();
           require_aligned(body.ops, body.part[m][k]);
           partials[static_cast<std::size_t>(m * K + k)] = std::move(p);
         }
@@ -284,11 +297,11 @@ auto broadcast_typed(Partials policy, const F& f, CallPlan plan, const std::vect
     // Without stored partials the forward needs values only: plain numbers where f accepts them
     // (duals otherwise, whose unused partials the compiler drops).
     if constexpr (plain_ok) {
-      ForwardBody<T, K, M, false, false, F, Slots> body{f};
+      ForwardBody<S, K, M, false, false, F, Slots> body{f};
       set_outputs(body);
       launch_broadcast(plan.device, body);
     } else {
-      ForwardBody<T, K, M, true, false, F, Slots> body{f};
+      ForwardBody<S, K, M, true, false, F, Slots> body{f};
       set_outputs(body);
       launch_broadcast(plan.device, body);
     }
@@ -297,7 +310,7 @@ auto broadcast_typed(Partials policy, const F& f, CallPlan plan, const std::vect
   std::shared_ptr<Node> node;
   if (differentiate) {
     if constexpr (K > 0)
-      node = std::make_shared<BroadcastNode<F, T, K, M, Slots, kStorable>>(f, std::move(plan), policy,
+      node = std::make_shared<BroadcastNode<F, S, K, M, Slots, kStorable>>(f, std::move(plan), policy,
                                                                 std::move(partials));
   }
   std::vector<Var> results = record(std::move(node), vars, std::move(outs));
@@ -350,9 +363,16 @@ auto broadcast_impl(Partials policy, const F& f, const Args&... args) {
   std::vector<Var> vars;
   (collect_var(vars, args), ...);
 
-  if (plan.dtype == DType::float32) {
-    if constexpr (device_lambda || callable_v<F, float, K, (K > 0), Args...>)
-      return broadcast_typed<float, kStorable, F, Args...>(policy, f, std::move(plan), vars);
+  if constexpr (device_lambda || callable_v<F, float, K, (K > 0), Args...>) {
+    switch (plan.dtype) {
+      case DType::float32:
+        return broadcast_typed<float, kStorable, F, Args...>(policy, f, std::move(plan), vars);
+      case DType::bfloat16:
+        return broadcast_typed<bfloat16, kStorable, F, Args...>(policy, f, std::move(plan), vars);
+      case DType::float16:
+        return broadcast_typed<float16, kStorable, F, Args...>(policy, f, std::move(plan), vars);
+      default: break;
+    }
   }
   if constexpr (device_lambda || callable_v<F, double, K, (K > 0), Args...>) {
     if (plan.dtype == DType::float64)

@@ -74,17 +74,19 @@ ChannelPlan plan_channel_broadcast(std::vector<ChannelArg> args);
 /// thousand elements.
 std::int64_t channel_slices(Device device, std::int64_t C, std::int64_t M);
 
-template <class T, int NA>
-ChannelOperands<T, NA> make_channel_operands(const ChannelPlan& plan) {
-  ChannelOperands<T, NA> ops;
+/// Operands of a call whose tensors are stored as S.
+template <class S, int NA>
+ChannelOperands<compute_t<S>, NA, S> make_channel_operands(const ChannelPlan& plan) {
+  using T = compute_t<S>;
+  ChannelOperands<T, NA, S> ops;
   ops.n = plan.out_shape.numel();
   ops.C = plan.C;
   ops.inner = plan.inner;
-  ops.vec = plan.inner % cb_width<T> == 0;
+  ops.vec = plan.inner % cb_width<S> == 0;
   for (int a = 0; a < NA; ++a) {
     const ChannelArg& info = plan.args[static_cast<std::size_t>(a)];
     ops.access[a] = info.access;
-    ops.in[a] = info.tensor.defined() ? info.tensor.template data<T>() : nullptr;
+    ops.in[a] = info.tensor.defined() ? info.tensor.template data<S>() : nullptr;
     ops.scal[a] = static_cast<T>(info.number);
     if (info.access == static_cast<int>(ChannelAccess::full) &&
         reinterpret_cast<std::uintptr_t>(ops.in[a]) % 16 != 0)
@@ -93,6 +95,7 @@ ChannelOperands<T, NA> make_channel_operands(const ChannelPlan& plan) {
   return ops;
 }
 
+/// T is the storage type of the call's tensors.
 template <class F, class T, int K, class Slots>
 class ChannelBroadcastNode final : public Node {
  public:
@@ -136,27 +139,29 @@ class ChannelBroadcastNode final : public Node {
       for (const VarState* s : seen) dup = dup || s == in.get();
       seen.push_back(in.get());
       auto& buf = buffers[static_cast<std::size_t>(k)];
-      if (!dup && in->grad.defined() && in->grad_owned) {
+      const bool own_dtype = in->value.dtype() == plan_.dtype;  // else a promoted 16-bit Var
+      if (!dup && own_dtype && in->grad.defined() && in->grad_owned) {
         buf = in->grad;
         mode[static_cast<std::size_t>(k)] = 2;
         body.gold[k] = true;
       } else {
         buf = Tensor::empty(plan_.out_shape, plan_.dtype, dev);
-        mode[static_cast<std::size_t>(k)] = (!dup && !in->grad.defined()) ? 1 : 3;
+        mode[static_cast<std::size_t>(k)] = (!dup && own_dtype && !in->grad.defined()) ? 1 : 3;
       }
       body.gout[k] = buf.template data<T>();
       if (!aligned16(body.gout[k])) body.ops.vec = false;
     }
+    using Acc = compute_t<T>;  // partial sums of per-channel gradients: never 16-bit
     Tensor partial;
     if (reduced > 0) {
-      partial = Tensor::empty(Shape{K * plan_.C * body.S}, plan_.dtype, dev);
-      body.partial = partial.template data<T>();
+      partial = Tensor::empty(Shape{K * plan_.C * body.S}, dtype_of<Acc>(), dev);
+      body.partial = partial.template data<Acc>();
     }
-    launch_channel_backward<T, K>(dev, body);
+    launch_channel_backward<Acc, K>(dev, body);
 
     if (reduced > 0) {
       std::array<Tensor, 16> sums;
-      ChannelPartialSum<T> fin;
+      ChannelPartialSum<Acc, T> fin;
       fin.partial = body.partial;
       fin.C = plan_.C;
       fin.S = body.S;
@@ -170,7 +175,8 @@ class ChannelBroadcastNode final : public Node {
       parallel_for(dev, reduced * plan_.C, fin);
       for (int r = 0; r < reduced; ++r)
         accumulate_grad(*inputs[static_cast<std::size_t>(slot_of[r])],
-                        std::move(sums[static_cast<std::size_t>(r)]), /*owned=*/true);
+                        sums[static_cast<std::size_t>(r)].to(inputs[static_cast<std::size_t>(slot_of[r])]->value.dtype()),
+                        /*owned=*/true);
     }
     for (int k = 0; k < K; ++k) {
       const auto& in = inputs[static_cast<std::size_t>(k)];
@@ -179,7 +185,7 @@ class ChannelBroadcastNode final : public Node {
         in->grad = buffers[static_cast<std::size_t>(k)];
         in->grad_owned = true;
       } else if (m == 3) {
-        accumulate_grad(*in, buffers[static_cast<std::size_t>(k)], /*owned=*/true);
+        accumulate_grad(*in, buffers[static_cast<std::size_t>(k)].to(in->value.dtype()), /*owned=*/true);
       }
     }
   }
@@ -195,7 +201,7 @@ Var channel_broadcast_typed(const F& f, ChannelPlan plan, const std::vector<Var>
   constexpr int K = List::vars;
   constexpr int NA = List::count;
   using Slots = typename List::Slots;
-  constexpr bool plain_ok = callable_v<F, T, K, false, Args...>;
+  constexpr bool plain_ok = callable_v<F, compute_t<T>, K, false, Args...>;
 
   Tensor out = Tensor::empty(plan.out_shape, plan.dtype, plan.device);
   const std::int64_t n = out.numel();
@@ -243,10 +249,17 @@ Var channel_broadcast(const F& f, const Args&... args) {
   detail::ChannelPlan plan = detail::plan_channel_broadcast({detail::describe_channel_arg(args)...});
   std::vector<Var> vars;
   (detail::collect_var(vars, args), ...);
-  if (plan.dtype == DType::float32) {
-    if constexpr (float_ok) return detail::channel_broadcast_typed<float, F, Args...>(f, std::move(plan), vars);
-  } else {
-    if constexpr (double_ok) return detail::channel_broadcast_typed<double, F, Args...>(f, std::move(plan), vars);
+  if constexpr (float_ok) {
+    switch (plan.dtype) {
+      case DType::float32: return detail::channel_broadcast_typed<float, F, Args...>(f, std::move(plan), vars);
+      case DType::bfloat16: return detail::channel_broadcast_typed<bfloat16, F, Args...>(f, std::move(plan), vars);
+      case DType::float16: return detail::channel_broadcast_typed<float16, F, Args...>(f, std::move(plan), vars);
+      default: break;
+    }
+  }
+  if constexpr (double_ok) {
+    if (plan.dtype == DType::float64)
+      return detail::channel_broadcast_typed<double, F, Args...>(f, std::move(plan), vars);
   }
   DUALCAST_FAIL("channel_broadcast: f cannot be called with ", dtype_name(plan.dtype),
                 " arguments (its parameter types fix the other element type)");

@@ -48,6 +48,13 @@ inline bool is_floating(DType t) { return t == DType::float32 || t == DType::flo
 /// The dtype arithmetic on t happens in: float32 for the 16-bit types, t itself otherwise.
 inline DType compute_dtype(DType t) { return is_half(t) ? DType::float32 : t; }
 
+/// Whether elementwise operations combine a and b by promotion: equal dtypes, or float32 with the
+/// 16-bit types (float64 mixes with nothing, so a float32 model never silently runs in double).
+inline bool promotable(DType a, DType b) {
+  const auto single = [](DType t) { return t == DType::float32 || is_half(t); };
+  return a == b || (single(a) && single(b));
+}
+
 /// The result dtype of an operation on a and b, as PyTorch promotes tensors: equal dtypes stay;
 /// uint8 masks take the other side's dtype; float64 wins; any other mix of floating dtypes (a 16-bit
 /// type with float32, or bfloat16 with float16) gives float32.

@@ -20,6 +20,12 @@ inline constexpr double kGradTolFloat = 2e-3;
 /// Worst relative error accepted between two float computations of the same quantity in different
 /// orders (CPU vs GPU, mixed vs reverse mode): a few ulps accumulated over a reduction.
 inline constexpr double kSameResultTolFloat = 1e-4;
+/// Worst relative error accepted between a result stored in a 16-bit dtype and the float32 result
+/// of the same computation rounded once to that dtype: one unit in the last place (2^-7 for
+/// bfloat16, 2^-10 for float16), since the two float results may differ by a few float ulps (other
+/// exp/tanh implementations, other operation order), which can move the rounding by one step.
+inline constexpr double kSameResultTolBfloat16 = 0.0078125;
+inline constexpr double kSameResultTolFloat16 = 0.0009765625;
 /// Worst relative error accepted between two double computations of the same quantity that may use
 /// different implementations of exp, tanh, ...: the CPU SIMD tiles call libmvec (<= 4 ulp), a
 /// functor they cannot vectorise (nvcc's type-erased __host__ __device__ lambdas) the C library's
