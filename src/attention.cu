@@ -22,10 +22,12 @@
 #include "attention_internal.hpp"
 #include "dualcast/error.hpp"
 #include "dualcast/kernels/reduce.cuh"
+#include "dualcast/ops/cast.hpp"
 #include "dualcast/ops/linalg.hpp"
 #include "dualcast/ops/reduce.hpp"
 #include "dualcast/ops/shape.hpp"
 #include "dualcast/parallel.hpp"
+#include "dualcast/precision.hpp"
 #include "line_stats.hpp"
 #include "row_groups.cuh"
 
@@ -392,8 +394,28 @@ class FusedAttentionNode final : public Node {
 
 namespace ad = attention_detail;
 
+// Both entry points: attention is never autocast (the composed path's matmuls included), and 16-bit
+// q, k, v run on float32 copies (ops/attention.hpp); the float32 call checks everything else.
+namespace attention_detail {
+namespace {
+bool run_in_float32(const Tensor& q, const Tensor& k, const Tensor& v) {
+  const char* op = "scaled_dot_product_attention";
+  check_defined(q, op, "q");
+  if (!is_half(q.dtype())) return false;
+  check_same_device_dtype(op, "q", q, "k", k);
+  check_same_device_dtype(op, "q", q, "v", v);
+  return true;
+}
+}  // namespace
+}  // namespace attention_detail
+
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const AttentionOptions& options) {
+  const Autocast no_autocast(DType::bfloat16, /*enabled=*/false);
+  if (ad::run_in_float32(q, k, v))
+    return scaled_dot_product_attention(q.to(DType::float32), k.to(DType::float32),
+                                        v.to(DType::float32), options)
+        .to(q.dtype());
   const ad::Plan p = ad::make_plan(q, k, v, options);
   if (p.impl == AttentionImpl::fused) return ad::fused(p, q, k, v).o;
   return ad::composed(p, q, k, v);
@@ -404,6 +426,11 @@ Var scaled_dot_product_attention(const Var& q, const Var& k, const Var& v,
   DUALCAST_CHECK(q.defined() && k.defined() && v.defined(),
                  "scaled_dot_product_attention: argument '", !q.defined() ? "q" : (!k.defined() ? "k" : "v"),
                  "' is an undefined Var");
+  const Autocast no_autocast(DType::bfloat16, /*enabled=*/false);
+  if (ad::run_in_float32(q.value(), k.value(), v.value()))
+    return cast(scaled_dot_product_attention(cast(q, DType::float32), cast(k, DType::float32),
+                                             cast(v, DType::float32), options),
+                q.dtype());
   ad::Plan p = ad::make_plan(q.value(), k.value(), v.value(), options);
   if (p.impl == AttentionImpl::composed) return ad::composed(p, q, k, v);
   ad::FusedResult r = ad::fused(p, q.value(), k.value(), v.value());

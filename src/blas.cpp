@@ -4,6 +4,10 @@
 // transpose with the same pitch. So the row-major product C = op(A) op(B) is computed as the
 // column-major product C^T = op(B)^T op(A)^T: swap the operands (B first), swap m and n, and keep each
 // operand's own transpose flag (the buffer of B read column-major already is B^T).
+//
+// Precision (blas.hpp): float32 "highest" keeps the cublasSgemm calls exactly as they were before
+// the setting existed, so its results are unchanged; every other cuBLAS product goes through the Ex
+// API, which names the data and compute types.
 #include "blas.hpp"
 
 #include <atomic>
@@ -13,7 +17,10 @@
 
 #include <cblas.h>
 
+#include <vector>
+
 #include "dualcast/error.hpp"
+#include "dualcast/precision.hpp"
 #include "dualcast/stream.hpp"
 #include "per_device.hpp"
 
@@ -56,6 +63,35 @@ void cpu_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, 
   }
 }
 
+/// The used [rows, cols] block of a 16-bit matrix with pitch ld, as a compact float32 matrix.
+template <class T>
+void block_to_float(const T* src, std::int64_t rows, std::int64_t cols, std::int64_t ld, float* dst) {
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t j = 0; j < cols; ++j) dst[r * cols + j] = static_cast<float>(src[r * ld + j]);
+}
+
+/// The 16-bit product on the CPU: per batch entry, A, B (and C when beta != 0) converted to
+/// float32, one sgemm, C rounded back. A shared operand (stride 0) is converted once.
+template <class T>
+void cpu_gemm_half(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, double alpha,
+                   const T* a, std::int64_t lda, std::int64_t sa, const T* b, std::int64_t ldb,
+                   std::int64_t sb, double beta, T* c, std::int64_t ldc, std::int64_t sc,
+                   std::int64_t batch) {
+  const std::int64_t ar = ta ? k : m, ac = ta ? m : k;  // A as stored: ar rows of ac used columns
+  const std::int64_t br = tb ? n : k, bc = tb ? k : n;
+  std::vector<float> fa(static_cast<std::size_t>(ar * ac)), fb(static_cast<std::size_t>(br * bc)),
+      fc(static_cast<std::size_t>(m * n), 0.0f);
+  for (std::int64_t i = 0; i < batch; ++i) {
+    if (i == 0 || sa != 0) block_to_float(a + i * sa, ar, ac, lda, fa.data());
+    if (i == 0 || sb != 0) block_to_float(b + i * sb, br, bc, ldb, fb.data());
+    T* ci = c + i * sc;
+    if (beta != 0.0) block_to_float(ci, m, n, ldc, fc.data());
+    cpu_gemm<float>(ta, tb, m, n, k, alpha, fa.data(), ac, 0, fb.data(), bc, 0, beta, fc.data(), n, 0, 1);
+    for (std::int64_t r = 0; r < m; ++r)
+      for (std::int64_t j = 0; j < n; ++j) ci[r * ldc + j] = T(fc[static_cast<std::size_t>(r * n + j)]);
+  }
+}
+
 template <class T>
 void cpu_scale(std::int64_t m, std::int64_t n, double beta, T* c, std::int64_t ldc, std::int64_t sc,
                std::int64_t batch) {
@@ -78,7 +114,8 @@ cublasHandle_t cublas_handle(Device device) {
     // freed block to the next op as soon as it is released, which is safe only when all work is
     // ordered on one stream.
     DUALCAST_CUBLAS_CHECK(cublasSetStream(h, stream(device)));
-    // Full fp32: no TF32 tensor-core rounding (CUBLAS_DEFAULT_MATH never down-converts fp32).
+    // Full fp32 for cublasSgemm: no TF32 tensor-core rounding (CUBLAS_DEFAULT_MATH never down-converts
+    // fp32); the Ex calls for the other precisions name their compute type instead.
     DUALCAST_CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
     DUALCAST_CUBLAS_CHECK(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST));
     // A workspace of our own, set once: without it cuBLAS allocates its workspace itself, which under
@@ -126,6 +163,43 @@ void cuda_gemm(Device device, bool ta, bool tb, std::int64_t m, std::int64_t n, 
                                                       LDA, sa, &beta, c, LDC, sc, nb));
   }
 }
+
+/// cuBLAS's name of a storage type.
+template <class T>
+cudaDataType cuda_type() {
+  if constexpr (std::is_same_v<T, bfloat16>) return CUDA_R_16BF;
+  else if constexpr (std::is_same_v<T, float16>) return CUDA_R_16F;
+  else return CUDA_R_32F;
+}
+
+/// The Ex form of cuda_gemm: A, B and C of type T (16-bit or float32), float alpha and beta, the
+/// given compute type (CUBLAS_COMPUTE_32F for 16-bit data; a FAST_ mode for float32 at "high" or
+/// "medium"). Same operand swap as cuda_gemm.
+template <class T>
+void cuda_gemm_ex(Device device, cublasComputeType_t compute, bool ta, bool tb, std::int64_t m,
+                  std::int64_t n, std::int64_t k, double alpha_d, const T* a, std::int64_t lda,
+                  std::int64_t sa, const T* b, std::int64_t ldb, std::int64_t sb, double beta_d, T* c,
+                  std::int64_t ldc, std::int64_t sc, std::int64_t batch) {
+  cublasHandle_t h = cublas_handle(device);
+  DeviceGuard guard(device);
+  // With a 32F compute type the scalars are float (cuBLAS docs, cublasGemmEx: "alpha ... of type
+  // float for CUBLAS_COMPUTE_32F*"), whatever the data type.
+  const float alpha = static_cast<float>(alpha_d), beta = static_cast<float>(beta_d);
+  const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const int M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
+  const int LDA = static_cast<int>(lda), LDB = static_cast<int>(ldb), LDC = static_cast<int>(ldc);
+  const cudaDataType t = cuda_type<T>();
+  if (batch == 1) {
+    DUALCAST_CUBLAS_CHECK(cublasGemmEx(h, opb, opa, N, M, K, &alpha, b, t, LDB, a, t, LDA, &beta, c, t,
+                                       LDC, compute, CUBLAS_GEMM_DEFAULT));
+  } else {
+    DUALCAST_CUBLAS_CHECK(cublasGemmStridedBatchedEx(h, opb, opa, N, M, K, &alpha, b, t, LDB, sb, a, t,
+                                                     LDA, sa, &beta, c, t, LDC, sc,
+                                                     static_cast<int>(batch), compute,
+                                                     CUBLAS_GEMM_DEFAULT));
+  }
+}
 #endif
 
 }  // namespace
@@ -159,13 +233,16 @@ void gemm(Device device, DType dtype, bool trans_a, bool trans_b, std::int64_t m
   check_int_range("ldb", ldb);
   check_int_range("ldc", ldc);
 
-  dispatch_floating(dtype, "matmul", [&](auto tag) {
+  dispatch_floating_storage(dtype, "matmul", [&](auto tag) {
     using T = decltype(tag);
     const T* pa = static_cast<const T*>(a);
     const T* pb = static_cast<const T*>(b);
     T* pc = static_cast<T*>(c);
     if (device.is_cpu()) {
       if (k == 0) cpu_scale<T>(m, n, beta, pc, ldc, stride_c, batch);
+      else if constexpr (is_half_v<T>)
+        cpu_gemm_half<T>(trans_a, trans_b, m, n, k, alpha, pa, lda, stride_a, pb, ldb, stride_b, beta,
+                         pc, ldc, stride_c, batch);
       else cpu_gemm<T>(trans_a, trans_b, m, n, k, alpha, pa, lda, stride_a, pb, ldb, stride_b, beta,
                        pc, ldc, stride_c, batch);
       return;
@@ -177,8 +254,24 @@ void gemm(Device device, DType dtype, bool trans_a, bool trans_b, std::int64_t m
                                           stream(device)));
       return;
     }
-    cuda_gemm<T>(device, trans_a, trans_b, m, n, k, alpha, pa, lda, stride_a, pb, ldb, stride_b,
-                 beta, pc, ldc, stride_c, batch);
+    if constexpr (is_half_v<T>) {
+      cuda_gemm_ex<T>(device, CUBLAS_COMPUTE_32F, trans_a, trans_b, m, n, k, alpha, pa, lda, stride_a,
+                      pb, ldb, stride_b, beta, pc, ldc, stride_c, batch);
+      return;
+    } else if constexpr (std::is_same_v<T, float>) {
+      const Float32Precision p = float32_precision();
+      if (p != Float32Precision::highest) {
+        cuda_gemm_ex<T>(device,
+                        p == Float32Precision::high ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                                    : CUBLAS_COMPUTE_32F_FAST_16BF,
+                        trans_a, trans_b, m, n, k, alpha, pa, lda, stride_a, pb, ldb, stride_b, beta, pc,
+                        ldc, stride_c, batch);
+        return;
+      }
+    }
+    if constexpr (!is_half_v<T>)
+      cuda_gemm<T>(device, trans_a, trans_b, m, n, k, alpha, pa, lda, stride_a, pb, ldb, stride_b,
+                   beta, pc, ldc, stride_c, batch);
 #else
     DUALCAST_FAIL("matmul on ", device.str(), ": this dualcast was built without CUDA");
 #endif

@@ -2,7 +2,13 @@
 // CUDA devices call cuBLAS through one handle per device, created lazily and thread-safely on first
 // use, bound to the device's dualcast stream (detail::stream) that every other dualcast kernel and copy
 // uses, with a workspace of its own (so calls can be captured in a CUDA graph), in CUBLAS_DEFAULT_MATH
-// mode (fp32 stays fp32: no TF32 tensor-core rounding).
+// mode. Float32 on CUDA follows set_float32_matmul_precision (precision.hpp): "highest" is
+// cublasSgemm (no TF32 tensor-core rounding), "high" and "medium" are cublasGemmEx with
+// CUBLAS_COMPUTE_32F_FAST_TF32 and CUBLAS_COMPUTE_32F_FAST_16BF. bfloat16 and float16 on CUDA are
+// cublasGemm(StridedBatched)Ex with CUBLAS_COMPUTE_32F (tensor cores, float32 sums, float alpha and
+// beta). On the CPU the setting is ignored (OpenBLAS float32 is exact, as PyTorch's CPU), and 16-bit
+// operands are converted to float32 blocks, multiplied by sgemm and rounded back: an extra pass over
+// each operand and the result, the price of having no 16-bit CPU GEMM.
 #pragma once
 
 #include <cstdint>
@@ -17,7 +23,8 @@ namespace dualcast::detail {
 /// where op(A_b) is [m, k] (A_b stored [m, k] with row pitch lda, or [k, m] when trans_a) and
 /// op(B_b) is [k, n] (stored [k, n] with pitch ldb, or [n, k] when trans_b); C_b is [m, n] with
 /// pitch ldc. A stride of 0 shares one matrix across the batch (not allowed for C). `dtype` is
-/// float32 or float64 and every pointer lives on `device`. Asynchronous on CUDA devices (dualcast's stream).
+/// float32, float64, bfloat16 or float16 (A, B and C all of it) and every pointer lives on `device`.
+/// Asynchronous on CUDA devices (dualcast's stream).
 /// k == 0 is allowed (C_b = beta * C_b); m, n or batch of 0 do nothing.
 void gemm(Device device, DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
           std::int64_t k, double alpha, const void* a, std::int64_t lda, std::int64_t stride_a,

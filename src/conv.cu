@@ -12,6 +12,11 @@
 // Row (c, kh, kw) with c = g * Cg + j puts each group's rows in one contiguous block of cols. On the
 // CPU, im2col, col2im and the row copies run per plane on dualcast's thread pool with contiguous
 // inner loops; the BLAS calls are made outside the pool.
+//
+// 16-bit dtypes (bfloat16, float16): cuDNN convolves them directly (float32 compute); im2col + GEMM
+// does not, so there the entry points convolve float32 copies on the tape (cast(), like
+// detail::via_float32) and round the result. Under Autocast the entry points first cast float32
+// operands to the autocast dtype.
 #include "dualcast/ops/conv.hpp"
 
 #include <algorithm>
@@ -24,10 +29,12 @@
 #include "blas.hpp"
 #include "conv_impl.hpp"
 #include "dualcast/error.hpp"
+#include "dualcast/ops/cast.hpp"
 #include "dualcast/ops/elementwise.hpp"
 #include "dualcast/ops/reduce.hpp"
 #include "dualcast/ops/shape.hpp"
 #include "dualcast/parallel.hpp"
+#include "dualcast/precision.hpp"
 
 namespace dualcast {
 
@@ -116,9 +123,14 @@ ConvGeometry check_conv(const Tensor& x, const Tensor& w, const Conv2dOptions& o
   const ConvGeometry g = geometry_of(x.shape(), w.shape(), o);
   check_same_device_dtype("conv2d", "x", x, "w", w);
   DUALCAST_CHECK(is_floating(x.dtype()), "conv2d: unsupported dtype ", dtype_name(x.dtype()),
-                 " (x ", x.shape().str(), ", w ", w.shape().str(), "; expected float32 or float64)");
+                 " (x ", x.shape().str(), ", w ", w.shape().str(),
+                 "; expected float32, float64, bfloat16 or float16)");
   return g;
 }
+
+/// Whether a checked convolution of this dtype must run on float32 copies: 16-bit data where the
+/// backend is im2col + GEMM, whose kernels and CPU loops compute in the element type.
+bool via_float32(const Tensor& x) { return is_half(x.dtype()) && !use_cudnn(x.device()); }
 
 // ---- im2col + GEMM ------------------------------------------------------------------------------
 
@@ -439,6 +451,14 @@ Shape conv2d_output_shape(const Shape& x, const Shape& w, const Conv2dOptions& o
 
 Tensor conv2d(const Tensor& x, const Tensor& w, const Conv2dOptions& options) {
   const detail::ConvGeometry g = conv_detail::check_conv(x, w, options);
+  if (autocast_enabled()) {
+    const DType dx = detail::autocast_target(x.dtype()), dw = detail::autocast_target(w.dtype());
+    if (dx != x.dtype() || dw != w.dtype()) return conv2d(x.to(dx), w.to(dw), options);
+  }
+  if (conv_detail::via_float32(x)) {
+    const Autocast float32_inside(DType::bfloat16, /*enabled=*/false);  // else it casts them back
+    return conv2d(x.to(DType::float32), w.to(DType::float32), options).to(x.dtype());
+  }
   const Tensor xc = detail::contiguous_copy(x), wc = detail::contiguous_copy(w);
   Tensor y = Tensor::empty(Shape{g.N, g.O, g.OH, g.OW}, x.dtype(), x.device());
   conv_detail::forward(g, xc, wc, y);
@@ -449,6 +469,15 @@ Var conv2d(const Var& x, const Var& w, const Conv2dOptions& options) {
   DUALCAST_CHECK(x.defined() && w.defined(), "conv2d: argument '", x.defined() ? "w" : "x",
                  "' is an undefined Var");
   const detail::ConvGeometry g = conv_detail::check_conv(x.value(), w.value(), options);
+  if (autocast_enabled()) {
+    // The cast operands are 16-bit, which autocast_target leaves alone: one level of recursion.
+    const DType dx = detail::autocast_target(x.dtype()), dw = detail::autocast_target(w.dtype());
+    if (dx != x.dtype() || dw != w.dtype()) return conv2d(cast(x, dx), cast(w, dw), options);
+  }
+  if (conv_detail::via_float32(x.value())) {
+    const Autocast float32_inside(DType::bfloat16, /*enabled=*/false);  // else it casts them back
+    return cast(conv2d(cast(x, DType::float32), cast(w, DType::float32), options), x.dtype());
+  }
   const Tensor xc = detail::contiguous_copy(x.value()), wc = detail::contiguous_copy(w.value());
   Tensor y = Tensor::empty(Shape{g.N, g.O, g.OH, g.OW}, xc.dtype(), xc.device());
   conv_detail::forward(g, xc, wc, y);
@@ -468,7 +497,15 @@ Var conv2d(const Var& x, const Var& w, const Var& bias, const Conv2dOptions& opt
   DUALCAST_CHECK(bias.shape().rank() == 1 && bias.shape()[0] == O, "conv2d: bias has shape ",
                  bias.shape().str(), " but w ", w.shape().str(), " has O = ", O,
                  " output channels (expected [", O, "])");
-  return y + reshape(bias, {1, O, 1, 1});
+  if (!is_half(y.dtype())) return y + reshape(bias, {1, O, 1, 1});
+  // A 16-bit result (16-bit operands, or Autocast): the bias joins in y's dtype, cast like the
+  // operands under Autocast. The add itself runs on float32 copies, since broadcast() computes in
+  // float32 and float64 only; the bias gradient comes back in the bias's dtype.
+  const Var b = cast(bias, detail::autocast_target(bias.dtype()));
+  DUALCAST_CHECK(b.dtype() == y.dtype(), "conv2d: bias ", bias.shape().str(), " is ",
+                 dtype_name(bias.dtype()), " but x ", x.shape().str(), " and w ", w.shape().str(),
+                 " give a ", dtype_name(y.dtype()), " result (cast the bias)");
+  return cast(cast(y, DType::float32) + reshape(cast(b, DType::float32), {1, O, 1, 1}), y.dtype());
 }
 
 }  // namespace dualcast

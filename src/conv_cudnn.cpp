@@ -18,8 +18,13 @@
 // alone makes the step 1.23x faster than direct sums everywhere.
 // DUALCAST_CUDNN_FAST_ALGOS changes the rule (0 or none: direct sums everywhere; 1 or all: every
 // algorithm; or a list of kinds and directions: parse_cudnn_fast_algos). Float32 runs in
-// CUDNN_FMA_MATH: cuDNN's default math would allow TF32 tensor cores, whose 10-bit
-// mantissa is not fp32. Workspaces come from dualcast's caching allocator, stream-ordered, so a step
+// CUDNN_FMA_MATH at the "highest" float32 precision (the default; precision.hpp): cuDNN's default
+// math would allow TF32 tensor cores, whose 10-bit mantissa is not fp32. At "high" and "medium" it
+// runs in CUDNN_DEFAULT_MATH, which allows TF32. bfloat16 and float16 tensors convolve with float32
+// compute (the convolution descriptor's type) in CUDNN_TENSOR_OP_MATH. Plans are keyed by dtype and
+// math type; in these two newer modes cuDNN may answer a search with another math type than the
+// descriptor's (e.g. tensor-op results for DEFAULT), so each direction runs on a descriptor of its
+// own set to the chosen result's math type, as PyTorch does. Workspaces come from dualcast's caching allocator, stream-ordered, so a step
 // allocates nothing new once the cache is warm.
 #include "conv_impl.hpp"
 
@@ -35,6 +40,7 @@
 #include <vector>
 
 #include "dualcast/error.hpp"
+#include "dualcast/precision.hpp"
 #include "dualcast/tensor.hpp"
 
 #if DUALCAST_WITH_CUDA && defined(DUALCAST_WITH_CUDNN)
@@ -182,24 +188,65 @@ int as_int(std::int64_t v, const char* what) {
 struct Plan {
   cudnnTensorDescriptor_t x = nullptr, y = nullptr;
   cudnnFilterDescriptor_t w = nullptr;
-  cudnnConvolutionDescriptor_t conv = nullptr;
+  cudnnConvolutionDescriptor_t conv = nullptr;  ///< searches, and every run of a FMA or float64 plan
+  /// Per direction, the descriptor a run uses when `follow_choice`: conv's settings with the math
+  /// type of the chosen algorithm (made by choose_algo).
+  cudnnConvolutionDescriptor_t run_conv[3] = {};
+  bool follow_choice = false;  ///< 16-bit, or float32 at "high"/"medium"
   cudnnDataType_t type = CUDNN_DATA_FLOAT;
+  cudnnDataType_t compute = CUDNN_DATA_FLOAT;
+  cudnnMathType_t math = CUDNN_DEFAULT_MATH;
   bool fwd_ready = false, data_ready = false, filter_ready = false;
   cudnnConvolutionFwdAlgo_t fwd{};
   cudnnConvolutionBwdDataAlgo_t data{};
   cudnnConvolutionBwdFilterAlgo_t filter{};
   std::size_t fwd_ws = 0, data_ws = 0, filter_ws = 0;
   std::mutex mutex;  // guards the lazy algorithm choice
+  [[nodiscard]] cudnnConvolutionDescriptor_t conv_for(int direction) const {
+    return follow_choice ? run_conv[direction] : conv;
+  }
 };
+
+cudnnDataType_t cudnn_type(DType dtype) {
+  switch (dtype) {
+    case DType::float64: return CUDNN_DATA_DOUBLE;
+    case DType::bfloat16: return CUDNN_DATA_BFLOAT16;
+    case DType::float16: return CUDNN_DATA_HALF;
+    default: return CUDNN_DATA_FLOAT;
+  }
+}
+
+/// The math type of a new plan (see the top of the file); float32 reads the precision setting.
+cudnnMathType_t math_for(DType dtype) {
+  if (is_half(dtype)) return CUDNN_TENSOR_OP_MATH;
+  if (dtype == DType::float32)
+    return float32_precision() == Float32Precision::highest ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH;
+  return CUDNN_DEFAULT_MATH;
+}
+
+void set_conv_descriptor(cudnnConvolutionDescriptor_t conv, const ConvGeometry& g,
+                         cudnnDataType_t compute, cudnnMathType_t math) {
+  DUALCAST_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
+      conv, as_int(g.ph, "padding"), as_int(g.pw, "padding"), as_int(g.sh, "stride"),
+      as_int(g.sw, "stride"), as_int(g.dh, "dilation"), as_int(g.dw, "dilation"),
+      CUDNN_CROSS_CORRELATION, compute));
+  DUALCAST_CUDNN_CHECK(cudnnSetConvolutionGroupCount(conv, as_int(g.groups, "groups")));
+  DUALCAST_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, math));
+}
 
 Plan& plan_for(Device device, DType dtype, const ConvGeometry& g) {
   static std::mutex mutex;
-  static std::map<std::tuple<int, int, ConvGeometry>, std::unique_ptr<Plan>> plans;
+  static std::map<std::tuple<int, int, int, ConvGeometry>, std::unique_ptr<Plan>> plans;
+  const cudnnMathType_t math = math_for(dtype);
   std::lock_guard lock(mutex);
-  auto& slot = plans[{device.index, static_cast<int>(dtype), g}];
+  auto& slot = plans[{device.index, static_cast<int>(dtype), static_cast<int>(math), g}];
   if (slot) return *slot;
   auto p = std::make_unique<Plan>();
-  p->type = dtype == DType::float64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
+  p->type = cudnn_type(dtype);
+  // 16-bit data, float32 arithmetic (cuDNN's PSEUDO_HALF / PSEUDO_BFLOAT16 configurations).
+  p->compute = is_half(dtype) ? CUDNN_DATA_FLOAT : p->type;
+  p->math = math;
+  p->follow_choice = is_half(dtype) || (dtype == DType::float32 && math != CUDNN_FMA_MATH);
   DUALCAST_CUDNN_CHECK(cudnnCreateTensorDescriptor(&p->x));
   DUALCAST_CUDNN_CHECK(cudnnCreateTensorDescriptor(&p->y));
   DUALCAST_CUDNN_CHECK(cudnnCreateFilterDescriptor(&p->w));
@@ -214,14 +261,8 @@ Plan& plan_for(Device device, DType dtype, const ConvGeometry& g) {
   DUALCAST_CUDNN_CHECK(cudnnSetFilter4dDescriptor(p->w, p->type, CUDNN_TENSOR_NCHW, as_int(g.O, "O"),
                                                   as_int(g.Cg(), "C/groups"), as_int(g.KH, "KH"),
                                                   as_int(g.KW, "KW")));
-  DUALCAST_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
-      p->conv, as_int(g.ph, "padding"), as_int(g.pw, "padding"), as_int(g.sh, "stride"),
-      as_int(g.sw, "stride"), as_int(g.dh, "dilation"), as_int(g.dw, "dilation"),
-      CUDNN_CROSS_CORRELATION, p->type));
-  DUALCAST_CUDNN_CHECK(cudnnSetConvolutionGroupCount(p->conv, as_int(g.groups, "groups")));
-  // FMA math for float32: no TF32 tensor-core rounding.
-  DUALCAST_CUDNN_CHECK(cudnnSetConvolutionMathType(
-      p->conv, dtype == DType::float32 ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH));
+  // float32 at "highest": FMA math, no TF32 tensor-core rounding (math_for).
+  set_conv_descriptor(p->conv, g, p->compute, p->math);
   int n = 0, c = 0, h = 0, w = 0;
   DUALCAST_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(p->conv, p->x, p->w, &n, &c, &h, &w));
   DUALCAST_CHECK(n == g.N && c == g.O && h == g.OH && w == g.OW,
@@ -281,7 +322,7 @@ AlgoInfo info(cudnnConvolutionBwdFilterAlgo_t a) {
 /// (float32) does not use TF32 tensor cores. An algorithm this file does not know is taken only
 /// when every transform is allowed.
 template <class Perf>
-bool usable(const Perf& r, DType dtype, std::size_t limit) {
+bool usable(const Perf& r, DType dtype, cudnnMathType_t plan_math, std::size_t limit) {
   if (r.status != CUDNN_STATUS_SUCCESS || r.memory > limit) return false;
   const AlgoInfo a = info(r.algo);
   const CudnnFastAlgos& f = fast_algos();
@@ -290,8 +331,11 @@ bool usable(const Perf& r, DType dtype, std::size_t limit) {
   if (a.transform == Transform::fft && !f.fft[a.direction]) return false;
   if (a.transform == Transform::winograd && !f.winograd[a.direction]) return false;
   if (a.transform == Transform::unknown && !f.all()) return false;
-  if (dtype == DType::float32 && r.mathType != CUDNN_FMA_MATH && r.mathType != CUDNN_DEFAULT_MATH)
+  if (dtype == DType::float32 && plan_math == CUDNN_FMA_MATH && r.mathType != CUDNN_FMA_MATH &&
+      r.mathType != CUDNN_DEFAULT_MATH)
     return false;
+  // TF32 is what "high" allows; converting float32 data to float16 is not.
+  if (dtype == DType::float32 && r.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) return false;
   return true;
 }
 
@@ -402,14 +446,15 @@ void rank_algos(cudnnHandle_t h, const Plan& p, int n, int* returned, cudnnConvo
                                                                      r));
 }
 
-void workspace_size(cudnnHandle_t h, const Plan& p, cudnnConvolutionFwdAlgo_t a, std::size_t* bytes) {
-  DUALCAST_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, p.x, p.w, p.conv, p.y, a, bytes));
+// The workspace of the descriptor the direction runs on (conv_for), for its chosen algorithm.
+void workspace_size(cudnnHandle_t h, const Plan& p, int dir, cudnnConvolutionFwdAlgo_t a, std::size_t* bytes) {
+  DUALCAST_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, p.x, p.w, p.conv_for(dir), p.y, a, bytes));
 }
-void workspace_size(cudnnHandle_t h, const Plan& p, cudnnConvolutionBwdDataAlgo_t a, std::size_t* bytes) {
-  DUALCAST_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, p.w, p.y, p.conv, p.x, a, bytes));
+void workspace_size(cudnnHandle_t h, const Plan& p, int dir, cudnnConvolutionBwdDataAlgo_t a, std::size_t* bytes) {
+  DUALCAST_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, p.w, p.y, p.conv_for(dir), p.x, a, bytes));
 }
-void workspace_size(cudnnHandle_t h, const Plan& p, cudnnConvolutionBwdFilterAlgo_t a, std::size_t* bytes) {
-  DUALCAST_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p.x, p.y, p.conv, p.w, a, bytes));
+void workspace_size(cudnnHandle_t h, const Plan& p, int dir, cudnnConvolutionBwdFilterAlgo_t a, std::size_t* bytes) {
+  DUALCAST_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p.x, p.y, p.conv_for(dir), p.w, a, bytes));
 }
 
 /// Chooses the algorithm of one direction, once per plan (under p.mutex; `ready` records it): the
@@ -418,7 +463,7 @@ void workspace_size(cudnnHandle_t h, const Plan& p, cudnnConvolutionBwdFilterAlg
 /// a and b are the direction's two inputs, in the order of find_algos above.
 template <class Perf, class Algo>
 void choose_algo(cudnnHandle_t h, Device device, DType dtype, const ConvGeometry& g, Plan& p,
-                 const char* direction, const void* a, const void* b, const Shape& out_shape,
+                 const char* direction, int dir, const void* a, const void* b, const Shape& out_shape,
                  bool& ready, Algo& algo, std::size_t& ws_bytes) {
   std::lock_guard lock(p.mutex);
   if (ready) return;
@@ -435,11 +480,15 @@ void choose_algo(cudnnHandle_t h, Device device, DType dtype, const ConvGeometry
     rank_algos(h, p, max_count, &returned, r.data());
   }
   const auto it = std::find_if(r.begin(), r.begin() + returned,
-                               [&](const auto& e) { return usable(e, dtype, limit); });
+                               [&](const auto& e) { return usable(e, dtype, p.math, limit); });
   if (it == r.begin() + returned) no_algorithm(direction, r, returned, g);
   algo = it->algo;
   record_choice(direction, algo);
-  workspace_size(h, p, algo, &ws_bytes);
+  if (p.follow_choice) {
+    DUALCAST_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&p.run_conv[dir]));
+    set_conv_descriptor(p.run_conv[dir], g, p.compute, it->mathType);
+  }
+  workspace_size(h, p, dir, algo, &ws_bytes);
   ready = true;
 }
 
@@ -450,11 +499,11 @@ void cudnn_conv_forward(Device device, DType dtype, const ConvGeometry& g, const
   cudnnHandle_t h = handle(device);
   DeviceGuard guard(device);
   Plan& p = plan_for(device, dtype, g);
-  choose_algo<cudnnConvolutionFwdAlgoPerf_t>(h, device, dtype, g, p, "forward", x, w,
+  choose_algo<cudnnConvolutionFwdAlgoPerf_t>(h, device, dtype, g, p, "forward", 0, x, w,
                                              Shape{g.N, g.O, g.OH, g.OW}, p.fwd_ready, p.fwd, p.fwd_ws);
   const Tensor ws = workspace(device, p.fwd_ws);
   const Scalars s = scalars(1.0, 0.0);
-  DUALCAST_CUDNN_CHECK(cudnnConvolutionForward(h, s.alpha(p.type), p.x, x, p.w, w, p.conv, p.fwd,
+  DUALCAST_CUDNN_CHECK(cudnnConvolutionForward(h, s.alpha(p.type), p.x, x, p.w, w, p.conv_for(0), p.fwd,
                                                ptr(ws), p.fwd_ws, s.beta(p.type), p.y, y));
 }
 
@@ -463,12 +512,12 @@ void cudnn_conv_backward_data(Device device, DType dtype, const ConvGeometry& g,
   cudnnHandle_t h = handle(device);
   DeviceGuard guard(device);
   Plan& p = plan_for(device, dtype, g);
-  choose_algo<cudnnConvolutionBwdDataAlgoPerf_t>(h, device, dtype, g, p, "backward-data", w, dy,
+  choose_algo<cudnnConvolutionBwdDataAlgoPerf_t>(h, device, dtype, g, p, "backward-data", 1, w, dy,
                                                  Shape{g.N, g.C, g.H, g.W}, p.data_ready, p.data,
                                                  p.data_ws);
   const Tensor ws = workspace(device, p.data_ws);
   const Scalars s = scalars(1.0, accumulate ? 1.0 : 0.0);
-  DUALCAST_CUDNN_CHECK(cudnnConvolutionBackwardData(h, s.alpha(p.type), p.w, w, p.y, dy, p.conv, p.data,
+  DUALCAST_CUDNN_CHECK(cudnnConvolutionBackwardData(h, s.alpha(p.type), p.w, w, p.y, dy, p.conv_for(1), p.data,
                                                     ptr(ws), p.data_ws, s.beta(p.type), p.x, dx));
 }
 
@@ -477,12 +526,12 @@ void cudnn_conv_backward_filter(Device device, DType dtype, const ConvGeometry& 
   cudnnHandle_t h = handle(device);
   DeviceGuard guard(device);
   Plan& p = plan_for(device, dtype, g);
-  choose_algo<cudnnConvolutionBwdFilterAlgoPerf_t>(h, device, dtype, g, p, "backward-filter", x, dy,
+  choose_algo<cudnnConvolutionBwdFilterAlgoPerf_t>(h, device, dtype, g, p, "backward-filter", 2, x, dy,
                                                    Shape{g.O, g.Cg(), g.KH, g.KW}, p.filter_ready,
                                                    p.filter, p.filter_ws);
   const Tensor ws = workspace(device, p.filter_ws);
   const Scalars s = scalars(1.0, 0.0);
-  DUALCAST_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, s.alpha(p.type), p.x, x, p.y, dy, p.conv,
+  DUALCAST_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, s.alpha(p.type), p.x, x, p.y, dy, p.conv_for(2),
                                                       p.filter, ptr(ws), p.filter_ws, s.beta(p.type),
                                                       p.w, dw));
 }

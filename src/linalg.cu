@@ -13,6 +13,8 @@
 
 #include "blas.hpp"
 #include "dualcast/error.hpp"
+#include "dualcast/ops/cast.hpp"
+#include "dualcast/precision.hpp"
 
 namespace dualcast {
 
@@ -32,7 +34,7 @@ MatmulDims check_matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   check_same_device_dtype("matmul", "a", a, "b", b);
   DUALCAST_CHECK(is_floating(a.dtype()), "matmul: unsupported dtype ", dtype_name(a.dtype()),
                  " of 'a' ", a.shape().str(), " and 'b' ", b.shape().str(),
-                 " (expected float32 or float64)");
+                 " (expected float32, float64, bfloat16 or float16)");
   DUALCAST_CHECK(a.rank() == 2 || a.rank() == 3, "matmul: argument 'a' has shape ", a.shape().str(),
                  " (rank ", a.rank(), "); expected a 2-D [m, k] or 3-D [batch, m, k] tensor (with 'b' ",
                  b.shape().str(), ")");
@@ -155,12 +157,23 @@ class MatmulNode final : public Node {
 }  // namespace linalg_detail
 
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
+  if (autocast_enabled() && a.defined() && b.defined()) {
+    const DType da = detail::autocast_target(a.dtype()), db = detail::autocast_target(b.dtype());
+    if (da != a.dtype() || db != b.dtype())
+      return linalg_detail::product(a.to(da), b.to(db), trans_a, trans_b);
+  }
   return linalg_detail::product(a, b, trans_a, trans_b);
 }
 
 Var matmul(const Var& a, const Var& b, bool trans_a, bool trans_b) {
   DUALCAST_CHECK(a.defined() && b.defined(), "matmul: argument '", a.defined() ? "b" : "a",
                  "' is an undefined Var");
+  if (autocast_enabled()) {
+    // The cast operands are 16-bit, which autocast_target leaves alone: one level of recursion.
+    const DType da = detail::autocast_target(a.dtype()), db = detail::autocast_target(b.dtype());
+    if (da != a.dtype() || db != b.dtype())
+      return matmul(cast(a, da), cast(b, db), trans_a, trans_b);
+  }
   const Tensor& av = a.value();
   const Tensor& bv = b.value();
   Tensor c = linalg_detail::product(av, bv, trans_a, trans_b);

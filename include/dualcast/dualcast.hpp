@@ -17,6 +17,7 @@
 #include "dualcast/dual.hpp"
 #include "dualcast/math.hpp"
 #include "dualcast/tape.hpp"
+#include "dualcast/precision.hpp"
 #include "dualcast/ops/cast.hpp"
 #include "dualcast/ops/elementwise.hpp"
 #include "dualcast/ops/reduce.hpp"

@@ -5,6 +5,12 @@
 // q [B, H, Sq, D], k [B, H, Sk, D], v [B, H, Sk, Dv] -> out [B, H, Sq, Dv]; float32 or float64, all on
 // one device. Gradients flow to q, k and v (any subset may be constants).
 //
+// 16-bit q, k, v (bfloat16 or float16, all the same) are computed in float32: q, k and v are cast()
+// to float32 copies, the float32 attention runs (either implementation), and the output is rounded
+// back; gradients reach q, k and v in their dtype. A float mask is then converted to float32. Under
+// Autocast attention stays float32 (float32 inputs are not cast; the composed path's matmuls are not
+// autocast either): tensor-core attention is future work.
+//
 // Masking (AttentionOptions):
 //  - causal: query i attends to keys j <= i (top-left aligned, as PyTorch's is_causal, also when
 //    Sq != Sk).

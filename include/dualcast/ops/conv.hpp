@@ -1,10 +1,19 @@
 // ops/conv.hpp: 2-D convolution on the tape, NCHW, PyTorch's semantics (cross-correlation, as
-// torch.nn.functional.conv2d), float32 and float64, CPU and CUDA.
+// torch.nn.functional.conv2d), float32, float64, bfloat16 and float16, CPU and CUDA.
 //
 //   x [N, C, H, W], w [O, C / groups, KH, KW]  ->  y [N, O, OH, OW],
 //   OH = (H + 2 * padding.h - dilation.h * (KH - 1) - 1) / stride.h + 1   (likewise OW).
 //
 // A bias is a broadcast add (the conv2d overload with a bias [O] adds reshape(bias, {1, O, 1, 1})).
+//
+// Precision (precision.hpp). float32 on cuDNN follows set_float32_matmul_precision: "highest" (the
+// default) in CUDNN_FMA_MATH, no TF32; "high" and "medium" in CUDNN_DEFAULT_MATH, TF32 allowed.
+// bfloat16 and float16 on cuDNN: 16-bit tensors, float32 compute, tensor-op math; gradients in the
+// operands' dtype. Elsewhere (the CPU, or im2col + GEMM on a GPU) a 16-bit convolution runs on
+// float32 copies of x and w (cast() on the tape) and its result is rounded to the 16-bit dtype: two
+// extra conversion passes each way. A 16-bit result's bias add also runs on float32 copies (broadcast
+// computes in float32 and float64). Under Autocast, float32 x, w and bias are cast() to the
+// autocast dtype first (their gradients come back float32) and the result has that dtype.
 //
 // Backends (the fastest available unless set_conv_backend() or the environment says otherwise):
 //  * CUDA with cuDNN (found by the build, which says so): cudnnConvolutionForward / BackwardData /
@@ -14,8 +23,8 @@
 //    only algorithms that sum directly, in the two float32 backward directions FFT and Winograd
 //    transforms too (in the forward they moved a ResNet-18 step's float32 gradients 10x further from float64
 //    than PyTorch's; in the backward they did not: src/conv_cudnn.cpp; DUALCAST_CUDNN_FAST_ALGOS
-//    changes the rule), workspace from dualcast's caching allocator, float32 in
-//    CUDNN_FMA_MATH (no TF32 rounding: fp32 stays fp32).
+//    changes the rule; 16-bit dtypes follow float32's), workspace from dualcast's caching
+//    allocator, float32 math as set by the precision (above).
 //  * otherwise ("gemm"): im2col of a chunk of the batch into a column matrix, then GEMMs (cuBLAS on
 //    the GPU, the CPU BLAS on the host), per group; the input gradient is gathered back from the
 //    column gradient (each input element sums the columns that read it: no atomics, deterministic);
