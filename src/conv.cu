@@ -499,13 +499,13 @@ Var conv2d(const Var& x, const Var& w, const Var& bias, const Conv2dOptions& opt
                  " output channels (expected [", O, "])");
   if (!is_half(y.dtype())) return y + reshape(bias, {1, O, 1, 1});
   // A 16-bit result (16-bit operands, or Autocast): the bias joins in y's dtype, cast like the
-  // operands under Autocast. The add itself runs on float32 copies, since broadcast() computes in
-  // float32 and float64 only; the bias gradient comes back in the bias's dtype.
+  // operands under Autocast (its gradient comes back in the bias's own dtype), so the add is one
+  // 16-bit broadcast and the result stays 16-bit.
   const Var b = cast(bias, detail::autocast_target(bias.dtype()));
   DUALCAST_CHECK(b.dtype() == y.dtype(), "conv2d: bias ", bias.shape().str(), " is ",
                  dtype_name(bias.dtype()), " but x ", x.shape().str(), " and w ", w.shape().str(),
                  " give a ", dtype_name(y.dtype()), " result (cast the bias)");
-  return cast(cast(y, DType::float32) + reshape(cast(b, DType::float32), {1, O, 1, 1}), y.dtype());
+  return y + reshape(b, {1, O, 1, 1});
 }
 
 }  // namespace dualcast

@@ -11,9 +11,9 @@
 // bfloat16 and float16 on cuDNN: 16-bit tensors, float32 compute, tensor-op math; gradients in the
 // operands' dtype. Elsewhere (the CPU, or im2col + GEMM on a GPU) a 16-bit convolution runs on
 // float32 copies of x and w (cast() on the tape) and its result is rounded to the 16-bit dtype: two
-// extra conversion passes each way. A 16-bit result's bias add also runs on float32 copies (broadcast
-// computes in float32 and float64). Under Autocast, float32 x, w and bias are cast() to the
-// autocast dtype first (their gradients come back float32) and the result has that dtype.
+// extra conversion passes each way. A 16-bit result's bias add is a 16-bit broadcast. Under
+// Autocast, float32 x, w and bias are cast() to the autocast dtype first (their gradients come back
+// float32) and the result has that dtype.
 //
 // Backends (the fastest available unless set_conv_backend() or the environment says otherwise):
 //  * CUDA with cuDNN (found by the build, which says so): cudnnConvolutionForward / BackwardData /
