@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "dualcast/device.hpp"
+#include "dualcast/dtype.hpp"
 #include "dualcast/memory.hpp"
 
 #include "../common/gpu_timing.hpp"
@@ -53,7 +54,15 @@ struct Options {
   std::string peer_methods = "eager,jax,compile";
   double peer_budget_s = 0;  // 0: no limit
   std::string python;
+  std::string precision = "fp32";  ///< fp32, tf32, bf16, fp16 (--precision)
 };
+
+/// The storage dtype of workloads a, b and d at a --precision.
+inline dualcast::DType cell_dtype(const Options& o) {
+  return o.precision == "bf16"   ? dualcast::DType::bfloat16
+         : o.precision == "fp16" ? dualcast::DType::float16
+                                 : dualcast::DType::float32;
+}
 
 /// Options from the command line; a bad one prints its message and exits with status 2 (--help: the
 /// usage, status 0).

@@ -17,7 +17,9 @@
 
 #include "dualcast/device.hpp"
 #include "dualcast/error.hpp"
+#include "dualcast/gradcheck.hpp"
 #include "dualcast/memory.hpp"
+#include "dualcast/precision.hpp"
 #include "driver.hpp"
 
 namespace hmdriver {
@@ -102,6 +104,19 @@ int run(const Options& opt_in) {
   ctx.graphs = o.graphs;
   ctx.graph_max_dims = o.graph_max_dims;
   ctx.progress = log_line;
+  ctx.dtype = cell_dtype(o);
+  if (dualcast::is_half(ctx.dtype)) {
+    // Every value of a 16-bit run is rounded to 8 (bfloat16) or 11 (float16) significant bits, and
+    // reverse mode rounds after each primitive: a few units in the last place, against the float64
+    // reference of the same rounded inputs.
+    ctx.rtol = 4 * (ctx.dtype == dualcast::DType::bfloat16 ? dualcast::kSameResultTolBfloat16
+                                                           : dualcast::kSameResultTolFloat16);
+  }
+  if (o.precision == "tf32") dualcast::set_float32_matmul_precision("high");
+  log_line("  precision " + o.precision + " (a, b, d stored as " + dualcast::dtype_name(ctx.dtype) +
+           "; matmul precision " + dualcast::get_float32_matmul_precision() +
+           (dualcast::is_half(ctx.dtype) ? std::string("; e under Autocast(") + dualcast::dtype_name(ctx.dtype) + ")"
+                                         : std::string()) + ")");
 
   Results res;
   auto add = [&](std::vector<Measurement> v) { res.add(device, std::move(v)); };
@@ -162,7 +177,13 @@ int run(const Options& opt_in) {
         add(hmexp::run_d(ctx, o.dims[j], layout));
       }
   }
-  const WorkloadE e = has(o, "e") ? run_workload_e(o, device, res, elapsed) : WorkloadE{};
+  WorkloadE e;
+  if (has(o, "e")) {
+    // Autocast is per thread and scoped: only the model's products see it (bf16/fp16).
+    dualcast::Autocast autocast(dualcast::is_half(ctx.dtype) ? ctx.dtype : dualcast::DType::bfloat16,
+                                dualcast::is_half(ctx.dtype));
+    e = run_workload_e(o, device, res, elapsed);
+  }
   const std::string valdir = write_validation_dir(o, device);
   const Peers peers = run_peers(o, device, gpu, valdir, e.variant, res, elapsed);
   return write_outputs(o, Machine{device, dev_name, bw, cache}, res, e, peers, elapsed);

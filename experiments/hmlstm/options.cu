@@ -54,6 +54,11 @@ Options:
   --no-graphs              skip the captured variants (mixed_graph, reverse_graph, captured training)
   --graph-max-dims N       largest dims of a and b with captured variants (default 1024)
   --max-sets N             input sets rotated at most (default 16; enough to exceed 2x the cache)
+  --precision P            fp32 (default), tf32, bf16 or fp16. bf16/fp16: a, b and d store every
+                           tensor in bfloat16/float16 (computing in float; floors count 2 bytes a
+                           value); tf32 leaves them float32. e: tf32 runs its products at
+                           set_float32_matmul_precision("high"), bf16/fp16 under Autocast. c is
+                           float32 always. The peers run the same precision in the same run.
   --out DIR                output folder (default results/hmlstm): results.json, results.csv
   --validate-dir DIR       write the peers' validation directory (a_*, b_* at dims 256; e_* by
                            hmlstm::write_validation at H=64 B=8 T=24)
@@ -117,6 +122,10 @@ Options parse_args(int argc, char** argv) {
       if (o.device != "auto" && o.device != "cpu" && o.device != "cuda" && o.device != "gpu")
         usage_error("--device: expected auto, cpu or cuda, got '" + o.device + "'");
       if (o.device == "gpu") o.device = "cuda";
+    } else if (a == "--precision") {
+      o.precision = value();
+      if (o.precision != "fp32" && o.precision != "tf32" && o.precision != "bf16" && o.precision != "fp16")
+        usage_error("--precision: expected fp32, tf32, bf16 or fp16, got '" + o.precision + "'");
     } else if (a == "--workloads") {
       o.workloads.clear();
       for (const auto& w : split_csv(value())) {

@@ -96,7 +96,8 @@ Peers run_peers(const Options& o, dualcast::Device device, bool gpu, const std::
                           " --reps " + std::to_string(std::min(o.reps, 100)) + " --out " + shell_quote(pout) +
                           " --e-reps " + std::to_string(o.e_reps) + " --e-warmup " + std::to_string(std::min(o.warmup, 5)) +
                           " --e-hidden " + std::to_string(o.e_hidden) + " --e-batch " + std::to_string(o.e_batch) +
-                          " --e-seq " + std::to_string(std::max(1, o.e_seq)) + " --e-vocab 64";
+                          " --e-seq " + std::to_string(std::max(1, o.e_seq)) + " --e-vocab 64" +
+                          " --precision " + o.precision;
         if (o.peer_budget_s > 0) {
           const double left = o.peer_budget_s - (dcexp::now_ms() - peers_start) / 1000;
           cmd += fmt(" --time-budget %.3f", std::max(left, 0.001));

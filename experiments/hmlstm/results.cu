@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../common/report.hpp"
+#include "dualcast/precision.hpp"
 #include "driver.hpp"
 
 namespace hmdriver {
@@ -140,8 +141,11 @@ int write_outputs(const Options& o, const Machine& mc, const Results& res, const
   meta["cache_bytes"] = cache;
   meta["reps"] = o.reps;
   meta["warmup"] = o.warmup;
-  meta["dtype"] = "float32";
-  meta["floor"] = "bytes / copy bandwidth; recompute counts: a,d 14, b 22, c 3K+2 fp32 values per element";
+  meta["dtype"] = dualcast::dtype_name(cell_dtype(o));  // of a, b, d (c is float32 always)
+  meta["precision"] = o.precision;
+  meta["matmul_precision"] = dualcast::get_float32_matmul_precision();
+  meta["floor"] = std::string("bytes / copy bandwidth; recompute counts: a,d 14, b 22, c 3K+2 values per element, of ") +
+                  std::to_string(dualcast::dtype_size(cell_dtype(o))) + " bytes in a, b, d and 4 in c";
   meta["timer"] = gpu ? "CUDA events per step from an idle device (median of reps); wall = host clock"
                       : "host wall clock per step (median of reps)";
   root["meta"] = meta;
@@ -171,7 +175,8 @@ int write_outputs(const Options& o, const Machine& mc, const Results& res, const
     }
   }
 
-  std::cout << "\nHM-LSTM experiment on " << device.str() << " (" << dev_name << "), fp32; copy bandwidth "
+  std::cout << "\nHM-LSTM experiment on " << device.str() << " (" << dev_name << "), precision " << o.precision
+            << " (a, b, d in " << dualcast::dtype_name(cell_dtype(o)) << "); copy bandwidth "
             << fmt("%.1f", bw.gbps) << " GB/s; time per forward+backward (a-d: " << (gpu ? "CUDA events" : "wall clock")
             << ", median of " << o.reps << "), per training step (e)\n";
   std::cout << "floor = bytes (recompute count) / copy bandwidth; mixed = Partials::recompute; "

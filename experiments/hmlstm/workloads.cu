@@ -31,10 +31,10 @@ struct Result {
 
 /// Fills every cached block of this size with NaN: allocations the next step makes from the cache
 /// start poisoned, so an element a kernel fails to write shows up as NaN in the comparison.
-void poison_cache(Device device, const dualcast::Shape& shape, int count) {
+void poison_cache(Device device, const dualcast::Shape& shape, dualcast::DType dtype, int count) {
   dualcast::empty_cache(device);
   std::vector<Tensor> blocks;
-  for (int j = 0; j < count; ++j) blocks.push_back(Tensor::full(shape, NAN, dualcast::DType::float32, device));
+  for (int j = 0; j < count; ++j) blocks.push_back(Tensor::full(shape, NAN, dtype, device));
   dualcast::synchronize(device);
   blocks.clear();
 }
@@ -55,7 +55,7 @@ Result collect(const Out& out, const CellSet& s) {
 template <class Step>
 Result run_once(CellSet& s, const Step& step, int poison) {
   s.zero_grad();
-  poison_cache(s.x[0].device(), s.x[0].shape(), poison);
+  poison_cache(s.x[0].device(), s.x[0].shape(), s.x[0].dtype(), poison);
   auto out = step(s);
   Result r = collect(out, s);
   s.zero_grad();
@@ -71,7 +71,7 @@ struct CapturedSets {
   std::vector<Out> outs;
   CapturedSets(std::vector<CellSet>& sets, const Step& step, int poison) : graphs(sets.size()), outs(sets.size()) {
     for (auto& s : sets) s.zero_grad();
-    poison_cache(sets[0].x[0].device(), sets[0].x[0].shape(), poison);
+    poison_cache(sets[0].x[0].device(), sets[0].x[0].shape(), sets[0].x[0].dtype(), poison);
     for (std::size_t j = 0; j < sets.size(); ++j) {
       CellSet& s = sets[j];
       Out& o = outs[j];
@@ -244,14 +244,15 @@ Measurement base(const std::string& w, const std::string& variant, std::int64_t 
   m.dims = dims;
   m.method = method;
   const std::int64_t n = dims * dims;
-  m.floor_bytes = bytes_moved(n, K, M, Partials::recompute);
+  const int elem = static_cast<int>(dualcast::dtype_size(ctx.dtype));
+  m.floor_bytes = bytes_moved(n, K, M, Partials::recompute, elem);
   m.floor_ms = dcexp::floor_ms(m.floor_bytes, ctx.copy_gbps);
   if (method == "reverse") {
     m.policy = "";
     m.bytes = 0;  // a chain of kernels: counted only as the configuration's floor
   } else {
     m.policy = dualcast::partials_name(p);
-    m.bytes = bytes_moved(n, K, M, p);
+    m.bytes = bytes_moved(n, K, M, p, elem);
   }
   return m;
 }
@@ -362,7 +363,9 @@ struct RefC {
 };
 
 template <int K>
-std::vector<Measurement> run_c_k(const RunContext& ctx, std::int64_t dims) {
+std::vector<Measurement> run_c_k(const RunContext& ctx16, std::int64_t dims) {
+  RunContext ctx = ctx16;  // the arity study is float32 at every --precision
+  ctx.dtype = dualcast::DType::float32;
   std::vector<CellSet> sets;
   const int nsets = sets_for(ctx, dims, K, 1);
   check_fits(ctx, bytes_needed_cell(dims, K, 1, nsets), "workload c (K=" + std::to_string(K) + ", dims " + std::to_string(dims) + ")");
@@ -401,12 +404,12 @@ void check_fits(const RunContext& ctx, double need, const std::string& what) {
 }
 
 int sets_for(const RunContext& ctx, std::int64_t dims, int K, int M) {
-  const auto set_bytes = static_cast<std::size_t>(dims * dims * (K + M) * 4);
+  const auto set_bytes = static_cast<std::size_t>(dims * dims * (K + M)) * dualcast::dtype_size(ctx.dtype);
   return dcexp::rotation_sets(set_bytes, ctx.cache_bytes, ctx.max_sets);
 }
 
-double bytes_needed_cell(std::int64_t dims, int K, int M, int sets) {
-  const double mat = static_cast<double>(dims) * static_cast<double>(dims) * 4.0;
+double bytes_needed_cell(std::int64_t dims, int K, int M, int sets, int elem_bytes) {
+  const double mat = static_cast<double>(dims) * static_cast<double>(dims) * elem_bytes;
   const double per_set = static_cast<double>(K + M + K);  // inputs, adjoints, gradients kept per set
   const double workspace = std::max<double>(M * K + 2 * M + K, 4.0 * K + 12.0 * M + 8.0);  // partials / reverse intermediates
   return mat * (sets * per_set + workspace);
@@ -418,11 +421,11 @@ namespace {
 std::vector<CellSet> cell_sets(const RunContext& ctx, const char* workload, std::int64_t dims, int K,
                                int M, FlagLayout layout, std::uint64_t seed0) {
   const int nsets = sets_for(ctx, dims, K, M);
-  check_fits(ctx, bytes_needed_cell(dims, K, M, nsets),
+  check_fits(ctx, bytes_needed_cell(dims, K, M, nsets, static_cast<int>(dualcast::dtype_size(ctx.dtype))),
              std::string("workload ") + workload + " (dims " + std::to_string(dims) + ")");
   std::vector<CellSet> sets;
   for (int j = 0; j < nsets; ++j)
-    sets.push_back(make_cell_set(dims, K, M, layout, ctx.device, seed0 + static_cast<std::uint64_t>(j)));
+    sets.push_back(make_cell_set(dims, K, M, layout, ctx.device, seed0 + static_cast<std::uint64_t>(j), ctx.dtype));
   return sets;
 }
 }  // namespace

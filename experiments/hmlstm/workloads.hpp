@@ -84,7 +84,7 @@ inline Var arity_product_select(const std::vector<Var>& x) {
   return p;
 }
 
-// ==== bytes each policy must move (fp32 values per element; flags negligible) ==================
+// ==== bytes each policy must move (values per element times their size; flags negligible) ========
 
 /// K differentiated inputs, M outputs. recompute: forward reads K, writes M; backward reads K
 /// inputs + M adjoints, writes K gradients. store: forward also writes M*K partials; backward reads
@@ -106,9 +106,10 @@ enum class FlagLayout {
 inline const char* flag_layout_name(FlagLayout l) { return l == FlagLayout::rows ? "uniform" : "divergent"; }
 
 /// Paper flags: entries 0, 1, 2 forced to FLUSH (z=1), COPY (z=0, zb=0), UPDATE (z=0, zb=1); the
-/// others Bernoulli(0.5). float32, on `device`.
+/// others Bernoulli(0.5). Of dtype `dtype` (the cell's, so that nothing promotes), on `device`.
 inline std::pair<Tensor, Tensor> paper_flags(std::int64_t n, FlagLayout layout, Device device,
-                                             std::uint64_t seed) {
+                                             std::uint64_t seed,
+                                             dualcast::DType dtype = dualcast::DType::float32) {
   std::vector<float> z = Tensor::bernoulli({n}, 0.5, Device::cpu(), seed * 2 + 1).to_vector<float>();
   std::vector<float> zb = Tensor::bernoulli({n}, 0.5, Device::cpu(), seed * 2 + 2).to_vector<float>();
   const float forced[3][2] = {{1, 1}, {0, 0}, {0, 1}};
@@ -117,7 +118,7 @@ inline std::pair<Tensor, Tensor> paper_flags(std::int64_t n, FlagLayout layout, 
     zb[static_cast<std::size_t>(r)] = forced[r][1];
   }
   const dualcast::Shape s = layout == FlagLayout::rows ? dualcast::Shape{n, 1} : dualcast::Shape{1, n};
-  return {Tensor::from_vector(s, z, device), Tensor::from_vector(s, zb, device)};
+  return {Tensor::from_vector(s, z, device).to(dtype), Tensor::from_vector(s, zb, device).to(dtype)};
 }
 
 /// One input set of a cell workload: flags, K differentiated inputs (Vars), M adjoints.
@@ -130,15 +131,16 @@ struct CellSet {
   }
 };
 
-/// K standard-normal [dims, dims] parameters and M adjoints, flags as the paper (seeded by `seed`).
+/// K standard-normal [dims, dims] parameters and M adjoints, flags as the paper (seeded by `seed`),
+/// all stored as `dtype` (a 16-bit set holds the float32 set's values rounded).
 inline CellSet make_cell_set(std::int64_t dims, int K, int M, FlagLayout layout, Device device,
-                             std::uint64_t seed) {
+                             std::uint64_t seed, dualcast::DType dtype = dualcast::DType::float32) {
   CellSet s;
-  std::tie(s.z, s.zb) = paper_flags(dims, layout, device, seed);
+  std::tie(s.z, s.zb) = paper_flags(dims, layout, device, seed, dtype);
   for (int k = 0; k < K; ++k)
-    s.x.push_back(Var::param(Tensor::randn({dims, dims}, device, seed * 1000 + 10 + static_cast<std::uint64_t>(k))));
+    s.x.push_back(Var::param(Tensor::randn({dims, dims}, device, seed * 1000 + 10 + static_cast<std::uint64_t>(k), dtype)));
   for (int m = 0; m < M; ++m)
-    s.adj.push_back(Tensor::randn({dims, dims}, device, seed * 1000 + 500 + static_cast<std::uint64_t>(m)));
+    s.adj.push_back(Tensor::randn({dims, dims}, device, seed * 1000 + 500 + static_cast<std::uint64_t>(m), dtype));
   return s;
 }
 
@@ -227,6 +229,8 @@ struct RunContext {
   std::size_t cache_bytes = 0;  ///< L2 (GPU) or last-level cache (CPU): decides input rotation
   int max_sets = 16;
   double rtol = 1e-4;         ///< mixed vs reverse (and vs the float64 host reference)
+  /// Storage dtype of workloads a, b and d (--precision bf16/fp16: 16-bit tensors; c stays float32).
+  dualcast::DType dtype = dualcast::DType::float32;
   bool graphs = true;         ///< a, b: also time the captured step (mixed_graph, reverse_graph)
   std::int64_t graph_max_dims = 1024;  ///< ... at dims up to this
   std::function<void(const std::string&)> progress;  ///< one line per measurement (stderr)
@@ -264,9 +268,10 @@ std::vector<Measurement> run_c(const RunContext& ctx, std::int64_t dims, int K);
 /// Workload d: workload a with the given flag layout.
 std::vector<Measurement> run_d(const RunContext& ctx, std::int64_t dims, FlagLayout layout);
 
-/// Device bytes a configuration needs (for the fit check before allocating).
-double bytes_needed_cell(std::int64_t dims, int K, int M, int sets);
-/// Input sets rotated for a cell configuration (K inputs + M adjoints of dims x dims).
+/// Device bytes a configuration needs (for the fit check before allocating), elements of elem_bytes.
+double bytes_needed_cell(std::int64_t dims, int K, int M, int sets, int elem_bytes = 4);
+/// Input sets rotated for a cell configuration (K inputs + M adjoints of dims x dims, of dtype
+/// ctx.dtype).
 int sets_for(const RunContext& ctx, std::int64_t dims, int K, int M);
 /// Throws ExperimentError (exit code 3) when `need` bytes do not fit in the memory of ctx.device
 /// (cudaMemGetInfo plus dualcast's cached blocks; MemAvailable on the CPU), naming `what`.

@@ -21,6 +21,12 @@ PARAM_NAMES = hmlstm.PARAM_NAMES
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
+# --precision -> (dtype of cells a and b, JAX matmul precision of model e; None: e is skipped).
+# JAX has no autocast: its way to bf16 products of float32 data is the "bfloat16" precision (one
+# bf16 pass, float32 accumulation), and it has no float16 product mode.
+PRECISIONS = {"fp32": (np.float32, "highest"), "tf32": (np.float32, "tensorfloat32"),
+              "bf16": (jnp.bfloat16, "bfloat16"), "fp16": (jnp.float16, None)}
+
 _tree_map = jax.tree.map if hasattr(jax, "tree") and hasattr(jax.tree, "map") else jax.tree_util.tree_map
 
 
@@ -136,11 +142,16 @@ class Backend:
             self.skip_reason = "skipped: jax has no GPU backend (pass --allow-cpu to run on the CPU)"
         self.device = jax.devices()[0]
         self.split_ok = None   # learned on first use: can the VJP cross the jit boundary?
+        self.precision = opts.get("precision", "fp32")
+        self.cell_dtype, self.matmul_precision = PRECISIONS[self.precision]
+        if self.matmul_precision:
+            jax.config.update("jax_default_matmul_precision", self.matmul_precision)
 
     def describe(self):
         import jaxlib
-        return "jax %s (jaxlib %s) on %s; matmul precision highest%s" % (
+        return "jax %s (jaxlib %s) on %s; cells in %s, matmul precision %s%s" % (
             jax.__version__, getattr(jaxlib, "__version__", "?"), self.device.device_kind,
+            np.dtype(self.cell_dtype).name, self.matmul_precision or "n/a (no float16 mode)",
             ", jax.checkpoint on the broadcast function" if self.remat else "")
 
     def begin_config(self):
@@ -156,6 +167,9 @@ class Backend:
         return _CellSession(self, workload, host_sets)
 
     def model_session(self, P, token_sets, a, lr):
+        if self.matmul_precision is None:
+            raise RuntimeError("not run: JAX has no float16 product mode for float32 data "
+                               "(--precision fp16); see the bf16 run")
         return _ModelSession(self, P, token_sets, a, lr)
 
 
@@ -165,7 +179,8 @@ class _CellSession:
         self.workload = workload
         spec = CELL_SPEC[workload]
         self.diff, self.adj, self.flags = spec["diff"], spec["adj"], spec["flags"]
-        self.sets = [{n: be._put(hs[n]) for n in self.flags + self.diff + self.adj} for hs in host_sets]
+        self.sets = [{n: be._put(hs[n].astype(be.cell_dtype)) for n in self.flags + self.diff + self.adj}
+                     for hs in host_sets]
         self.note = ""
         if be.split_ok is not False:
             self.fwd, self.bwd = make_cell_phases(workload, be.remat, split=True)
@@ -189,7 +204,7 @@ class _CellSession:
     def grads(self, rows=None):
         _, g = self.call(self.sets[0])
         sel = (lambda x: x) if rows is None else (lambda x: x[rows])
-        return {n: np.asarray(sel(gi)) for n, gi in zip(self.diff, g)}
+        return {n: np.asarray(sel(gi)).astype(np.float32) for n, gi in zip(self.diff, g)}
 
     def time(self, reps, warmup):
         return time_loop(self.call, self.sets, reps, max(warmup, 2))

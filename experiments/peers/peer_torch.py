@@ -22,25 +22,34 @@ PARAM_NAMES = hmlstm.PARAM_NAMES
 
 
 # --------------------------------------------------------------------------------------------
-# fp32 everywhere, no TF32
+# precision: fp32 (TF32 off), tf32 (TF32 on), bf16 / fp16 (16-bit cells, autocast model)
 # --------------------------------------------------------------------------------------------
-def set_precision():
-    """Disable TF32 through the legacy switches (as the experiment prescribes).  The legacy API is
-    deprecated from torch 2.9 on but still honoured; mixing it with the new fp32_precision API can
-    raise inside Inductor, so only the new API is tried, and only if the legacy one is gone."""
+CELL_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def set_precision(precision="fp32"):
+    """TF32 off for fp32 (and under autocast, where only float32 leftovers see it), on for tf32,
+    through the legacy switches.  The legacy API is deprecated from torch 2.9 on but still honoured;
+    mixing it with the new fp32_precision API can raise inside Inductor, so only the new API is
+    tried, and only if the legacy one is gone."""
     notes = []
+    tf32 = precision == "tf32"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            torch.backends.cuda.matmul.allow_tf32 = False
-            torch.backends.cudnn.allow_tf32 = False
-            torch.set_float32_matmul_precision("highest")
-            notes.append("tf32 off (legacy flags)")
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+            torch.backends.cudnn.allow_tf32 = tf32
+            torch.set_float32_matmul_precision("high" if tf32 else "highest")
+            notes.append("tf32 %s (legacy flags)" % ("on" if tf32 else "off"))
+            if precision in CELL_DTYPES:
+                notes.append("cells a, b in %s; model under torch.autocast(%s)"
+                             % (precision, CELL_DTYPES[precision]))
         except Exception as exc:  # legacy API removed
+            mode = "tf32" if tf32 else "ieee"
             try:
-                torch.backends.fp32_precision = "ieee"
-                torch.backends.cuda.matmul.fp32_precision = "ieee"
-                notes.append("tf32 off (fp32_precision=ieee; legacy failed: %s)" % exc)
+                torch.backends.fp32_precision = mode
+                torch.backends.cuda.matmul.fp32_precision = mode
+                notes.append("fp32_precision=%s (legacy failed: %s)" % (mode, exc))
             except Exception as exc2:
                 notes.append("WARNING: could not disable tf32: %s / %s" % (exc, exc2))
     return "; ".join(notes)
@@ -187,7 +196,9 @@ class Backend:
         if not self.cuda and not opts.get("allow_cpu"):
             self.skip_reason = "skipped: torch has no CUDA device (pass --allow-cpu to run on the CPU)"
         self.device = torch.device("cuda" if self.cuda else "cpu")
-        self.precision_note = set_precision()
+        self.precision = opts.get("precision", "fp32")
+        self.cell_dtype = CELL_DTYPES.get(self.precision)  # None: float32
+        self.precision_note = set_precision(self.precision)
         if method == "compile":
             _raise_dynamo_limits()
         self.compile_kwargs = {"fullgraph": True, "dynamic": False}
@@ -216,8 +227,10 @@ class Backend:
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
 
-    def _t(self, x, grad=False):
+    def _t(self, x, grad=False, dtype=None):
         t = torch.from_numpy(np.ascontiguousarray(x)).to(self.device)
+        if dtype is not None:
+            t = t.to(dtype)
         if grad:
             t.requires_grad_(True)
         return t
@@ -241,8 +254,8 @@ class _CellSession:
         self.diff, self.adj, self.flags = spec["diff"], spec["adj"], spec["flags"]
         self.sets = []
         for hs in host_sets:
-            d = {n: be._t(hs[n]) for n in self.flags + self.adj}
-            d.update({n: be._t(hs[n], grad=True) for n in self.diff})
+            d = {n: be._t(hs[n], dtype=be.cell_dtype) for n in self.flags + self.adj}
+            d.update({n: be._t(hs[n], grad=True, dtype=be.cell_dtype) for n in self.diff})
             self.sets.append(d)
         fn = _cell_a if workload == "a" else _cell_b
         self.fn = be._compile(fn) if be.method == "compile" else fn
@@ -258,7 +271,7 @@ class _CellSession:
         g = self.step(self.sets[0])
         _sync(self.be.cuda)
         sel = (lambda x: x) if rows is None else (lambda x: x[rows])
-        return {n: sel(gi.detach()).cpu().numpy() for n, gi in zip(self.diff, g)}
+        return {n: sel(gi.detach()).float().cpu().numpy() for n, gi in zip(self.diff, g)}
 
     def time(self, reps, warmup):
         if self.be.method == "compile":
@@ -277,7 +290,10 @@ class _ModelSession:
         self.pointwise = be._compile(pw) if be.method == "compile" else pw
 
     def _loss(self, tokens):
-        return hmlstm.hm_loss(TorchOps, self.P, tokens, self.a, self.pointwise)
+        if self.be.cell_dtype is None:
+            return hmlstm.hm_loss(TorchOps, self.P, tokens, self.a, self.pointwise)
+        with torch.autocast(self.be.device.type, dtype=self.be.cell_dtype):
+            return hmlstm.hm_loss(TorchOps, self.P, tokens, self.a, self.pointwise)
 
     def loss_and_grads(self):
         """Loss and gradients at the current parameters on token set 0 (no update)."""

@@ -35,6 +35,8 @@ from checks import (FRAMEWORK, check_cell_dir, check_cell_ref, check_model_dir, 
 WORKLOADS = ("a", "b", "e")
 METHODS = ("eager", "compile", "jax", "jax_remat", "numpy", "numpy_hand")
 DEFAULT_METHODS = ("eager", "compile", "jax")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+PRECISION = "fp32"  # of this run (--precision): every record says it
 L2_BYTES = 50 * 2 ** 20          # H100 / H200 L2 is 50 MB
 
 
@@ -150,10 +152,17 @@ def build_parser():
                    help="input sets rotated during timing (default: 3 while a set is under twice "
                         "the 50 MB L2, fewer above; workload e always rotates 3 token sets)")
     p.add_argument("--seed", type=_nonneg_int, default=0, help="seed of the generated inputs (default 0)")
-    p.add_argument("--rtol-cell", type=_pos_float, default=1e-4,
-                   help="max relative error accepted for workloads a and b (default 1e-4)")
-    p.add_argument("--rtol-model", type=_pos_float, default=1e-3,
-                   help="max relative error accepted for workload e (default 1e-3)")
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                   help="fp32 (default: float32, TF32 off), tf32 (TF32 products: torch's TF32 "
+                        "flags, JAX matmul precision 'tensorfloat32'), bf16 / fp16 (cells a, b on "
+                        "16-bit tensors; model e under torch.autocast, JAX matmul precision "
+                        "'bfloat16' (JAX has no float16 mode: e is skipped there))")
+    p.add_argument("--rtol-cell", type=_pos_float, default=None,
+                   help="max relative error accepted for workloads a and b (default 1e-4; "
+                        "bf16 5e-2, fp16 1e-2)")
+    p.add_argument("--rtol-model", type=_pos_float, default=None,
+                   help="max relative error accepted for workload e (default 1e-3; tf32 1e-2, "
+                        "bf16 and fp16 5e-2)")
     p.add_argument("--no-refcheck", action="store_true",
                    help="skip the checks against the numpy reference (the --validate DIR check "
                         "still runs)")
@@ -193,6 +202,11 @@ def resolve(args):
         args.e_batch = 16 if q else 64
     if args.e_seq is None:
         args.e_seq = 20 if q else 100
+    # 16-bit values keep 8 (bfloat16) or 11 (float16) significant bits, TF32 products 11.
+    if args.rtol_cell is None:
+        args.rtol_cell = {"bf16": 5e-2, "fp16": 1e-2}.get(args.precision, 1e-4)
+    if args.rtol_model is None:
+        args.rtol_model = {"tf32": 1e-2, "bf16": 5e-2, "fp16": 5e-2}.get(args.precision, 1e-3)
     # run torch methods first, then jax (frees the GPU memory PyTorch caches before JAX allocates)
     order = {"torch": 0, "jax": 1, "numpy": 2}
     args.methods = sorted(args.methods, key=lambda m: (order[FRAMEWORK[m]], METHODS.index(m)))
@@ -269,6 +283,7 @@ def record(workload, key, method, **kw):
     else:
         rec["dims"] = key
     rec.update({"method": method, "phase": "step" if workload == "e" else "fwd+bwd",
+                "precision": PRECISION,
                 "median_ms": None, "p10_ms": None, "p90_ms": None, "reps": 0,
                 "validated": None, "max_rel_err": None, "note": ""})
     rec.update(kw)
@@ -401,7 +416,8 @@ def _guarded(fn, *a):
 
 def run(args):
     vd = VD.ValDir(args.validate) if args.validate else None
-    opts = {"allow_cpu": args.allow_cpu, "compile_mode": args.compile_mode}
+    opts = {"allow_cpu": args.allow_cpu, "compile_mode": args.compile_mode,
+            "precision": args.precision}
     res = Results(args.out, args.append)
     cache = InputCache(args.seed, args.sets)
     n_before = len(res.records)
@@ -474,6 +490,8 @@ def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     args = resolve(args)
+    global PRECISION
+    PRECISION = args.precision
     if args.validate:
         try:
             VD.ValDir(args.validate)
