@@ -1,4 +1,5 @@
-// cast.cpp: cast(), the tape node of a dtype conversion.
+// cast.cpp: cast(), the tape node of a dtype conversion, the guard that suspends 16-bit casts
+// (check_gradients' float64 differencing) and the parameter check of 16-bit normalisation layers.
 #include "dualcast/ops/cast.hpp"
 
 #include <memory>
@@ -23,6 +24,27 @@ class CastNode final : public Node {
 };
 }  // namespace
 
+namespace {
+thread_local int keep_precision_depth = 0;
+}  // namespace
+
+namespace detail {
+bool keeping_precision() { return keep_precision_depth > 0; }
+
+void check_parameter_of_half(const char* op, const Tensor& x, const char* name, const Tensor& param) {
+  if (is_half(x.dtype()) && param.defined() && param.dtype() == DType::float32) {
+    DUALCAST_CHECK(x.device() == param.device(), op, ": arguments on different devices: 'x' ",
+                   x.shape().str(), " on ", x.device().str(), ", '", name, "' ",
+                   param.shape().str(), " on ", param.device().str());
+    return;
+  }
+  check_same_device_dtype(op, "x", x, name, param);
+}
+}  // namespace detail
+
+KeepPrecisionGuard::KeepPrecisionGuard() { ++keep_precision_depth; }
+KeepPrecisionGuard::~KeepPrecisionGuard() { --keep_precision_depth; }
+
 Tensor cast(const Tensor& x, DType dtype) {
   check_defined(x, "cast", "x");
   return x.to(dtype);
@@ -31,6 +53,7 @@ Tensor cast(const Tensor& x, DType dtype) {
 Var cast(const Var& x, DType dtype) {
   DUALCAST_CHECK(x.defined(), "cast: argument 'x' is an undefined Var");
   if (x.dtype() == dtype) return x;
+  if (detail::keeping_precision() && x.dtype() == DType::float64 && is_floating(dtype)) return x;
   const bool differentiate = detail::any_requires_grad({x});
   DUALCAST_CHECK(!differentiate || is_floating(dtype), "cast: a Var of shape ", x.shape().str(),
                  " that requires a gradient cannot become ", dtype_name(dtype),

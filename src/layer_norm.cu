@@ -4,7 +4,8 @@
 // lane + G, ... of one row, so the CPU (G = 1, rows over the thread pool) and the GPU (G = 32, a warp
 // per row, partial sums combined by shuffles) run the same arithmetic. dgamma and dbeta are column
 // sums over rows: each of `chunks` groups of rows writes a partial [chunks, C] (a thread per column
-// of a chunk: coalesced on the GPU), then dualcast::sum reduces the chunks.
+// of a chunk: coalesced on the GPU), then dualcast::sum reduces the chunks. A 16-bit x is normalised
+// on a float32 copy (the public forms at the end).
 #include "dualcast/ops/layer_norm.hpp"
 
 #include <math.h>
@@ -16,6 +17,7 @@
 
 #include "dualcast/error.hpp"
 #include "dualcast/kernels/reduce.cuh"
+#include "dualcast/ops/cast.hpp"
 #include "dualcast/ops/reduce.hpp"
 #include "dualcast/parallel.hpp"
 #include "row_groups.cuh"
@@ -286,12 +288,36 @@ class LayerNormNode final : public Node {
 }  // namespace
 }  // namespace layer_norm_detail
 
+namespace layer_norm_detail {
+namespace {
+/// The checks of a 16-bit x before it is widened: gamma and beta are float32 or x's dtype.
+void check_half_params(const Tensor& x, const Tensor& gamma, const Tensor& beta) {
+  if (gamma.defined()) detail::check_parameter_of_half("layer_norm", x, "gamma", gamma);
+  if (beta.defined()) detail::check_parameter_of_half("layer_norm", x, "beta", beta);
+}
+Tensor widened(const Tensor& t) { return t.defined() ? t.to(DType::float32) : t; }
+Var widened(const Var& v) { return v.defined() ? cast(v, DType::float32) : v; }
+}  // namespace
+}  // namespace layer_norm_detail
+
 Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps) {
-  return layer_norm_detail::forward(x, gamma, beta, eps).y;
+  using namespace layer_norm_detail;
+  if (x.defined() && is_half(x.dtype())) {
+    check_half_params(x, gamma, beta);
+    return forward(x.to(DType::float32), widened(gamma), widened(beta), eps).y.to(x.dtype());
+  }
+  return forward(x, gamma, beta, eps).y;
 }
 
 Var layer_norm(const Var& x, const Var& gamma, const Var& beta, double eps) {
+  using namespace layer_norm_detail;
   DUALCAST_CHECK(x.defined(), "layer_norm: argument 'x' is an undefined Var");
+  if (is_half(x.dtype())) {
+    check_half_params(x.value(), gamma.defined() ? gamma.value() : Tensor(),
+                      beta.defined() ? beta.value() : Tensor());
+    return cast(layer_norm(cast(x, DType::float32), widened(gamma), widened(beta), eps),
+                x.dtype());
+  }
   const Tensor gv = gamma.defined() ? gamma.value() : Tensor();
   const Tensor bv = beta.defined() ? beta.value() : Tensor();
   auto r = layer_norm_detail::forward(x.value(), gv, bv, eps);

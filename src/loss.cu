@@ -1,6 +1,7 @@
 // loss.cu: softmax, log_softmax, cross_entropy and mse on the tape: argument checks, the typed
 // operations, their nodes and the public forms. The line kernels they run (softmax-like lines, on
-// both backends) are in loss_lines.cuh.
+// both backends) are in loss_lines.cuh. 16-bit inputs are computed on a float32 copy and the result
+// rounded back (the public forms at the end; the line kernels read float32 and float64 only).
 #include "dualcast/ops/loss.hpp"
 
 #include <math.h>
@@ -13,6 +14,7 @@
 #include "dualcast/error.hpp"
 #include "dualcast/graph.hpp"
 #include "dualcast/kernels/reduce.cuh"
+#include "dualcast/ops/cast.hpp"
 #include "dualcast/ops/reduce.hpp"
 #include "dualcast/parallel.hpp"
 #include "loss_lines.cuh"
@@ -318,34 +320,63 @@ Var softmax_var(const char* op, LineOp kind, const Var& x, int axis) {
 
 }  // namespace
 
-Tensor softmax(const Tensor& x, int axis) {
-  return detail::softmax_impl("softmax", LineOp::softmax, x, axis);
+namespace {
+/// f(x) on a float32 copy of a 16-bit x, the result rounded back to x's dtype; f(x) otherwise.
+template <class F>
+Tensor tensor_via_float32(const Tensor& x, F&& f) {
+  if (!x.defined() || !is_half(x.dtype())) return f(x);
+  return f(x.to(DType::float32)).to(x.dtype());
 }
-Var softmax(const Var& x, int axis) { return softmax_var("softmax", LineOp::softmax, x, axis); }
+}  // namespace
+
+Tensor softmax(const Tensor& x, int axis) {
+  return tensor_via_float32(x, [&](const Tensor& v) {
+    return detail::softmax_impl("softmax", LineOp::softmax, v, axis);
+  });
+}
+Var softmax(const Var& x, int axis) {
+  DUALCAST_CHECK(x.defined(), "softmax: argument 'x' is an undefined Var");
+  return detail::via_float32(
+      x, [&](const Var& v) { return softmax_var("softmax", LineOp::softmax, v, axis); });
+}
 
 Tensor log_softmax(const Tensor& x, int axis) {
-  return detail::softmax_impl("log_softmax", LineOp::log_softmax, x, axis);
+  return tensor_via_float32(x, [&](const Tensor& v) {
+    return detail::softmax_impl("log_softmax", LineOp::log_softmax, v, axis);
+  });
 }
 Var log_softmax(const Var& x, int axis) {
-  return softmax_var("log_softmax", LineOp::log_softmax, x, axis);
+  DUALCAST_CHECK(x.defined(), "log_softmax: argument 'x' is an undefined Var");
+  return detail::via_float32(
+      x, [&](const Var& v) { return softmax_var("log_softmax", LineOp::log_softmax, v, axis); });
 }
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
-  return cross_entropy_impl(logits, labels).loss;
+  return tensor_via_float32(
+      logits, [&](const Tensor& l) { return cross_entropy_impl(l, labels).loss; });
 }
 Var cross_entropy(const Var& logits, const Tensor& labels) {
-  CrossEntropyResult r = cross_entropy_impl(logits.value(), labels);
-  if (!detail::any_requires_grad({logits})) return Var(std::move(r.loss));
-  return detail::record1(std::make_shared<CrossEntropyNode>(r.logits, r.labels, r.stats), {logits},
-                         r.loss);
+  DUALCAST_CHECK(logits.defined(), "cross_entropy: argument 'logits' is an undefined Var");
+  return detail::via_float32(logits, [&](const Var& lv) {
+    CrossEntropyResult r = cross_entropy_impl(lv.value(), labels);
+    if (!detail::any_requires_grad({lv})) return Var(std::move(r.loss));
+    return detail::record1(std::make_shared<CrossEntropyNode>(r.logits, r.labels, r.stats), {lv},
+                           r.loss);
+  });
 }
 
 Tensor mse(const Tensor& pred, const Tensor& target) {
   check_mse(pred, target);
+  if (is_half(pred.dtype()))
+    return mse(pred.to(DType::float32), target.to(DType::float32)).to(pred.dtype());
   return mse_impl(detail::contiguous_copy(pred), detail::contiguous_copy(target));
 }
 Var mse(const Var& pred, const Var& target) {
+  DUALCAST_CHECK(pred.defined() && target.defined(), "mse: argument '",
+                 pred.defined() ? "target" : "pred", "' is an undefined Var");
   check_mse(pred.value(), target.value());
+  if (is_half(pred.dtype()))
+    return cast(mse(cast(pred, DType::float32), cast(target, DType::float32)), pred.dtype());
   const Tensor p = detail::contiguous_copy(pred.value());
   const Tensor t = detail::contiguous_copy(target.value());
   Tensor loss = mse_impl(p, t);

@@ -6,6 +6,9 @@
 // channel c's N * inner elements (shifted by the channel's first element, so the variance does not
 // cancel for data far from zero) into double partials [2, C, S], which the finishing kernel adds in a
 // fixed order. CPU threads run the tasks; on the GPU a block runs each.
+//
+// A 16-bit x is normalised on a float32 copy, with float32 statistics, parameters and running
+// statistics (half_front below), and the result rounded back to x's dtype.
 #include "dualcast/ops/norm.hpp"
 
 #include <cmath>
@@ -13,6 +16,7 @@
 #include <string>
 
 #include "dualcast/error.hpp"
+#include "dualcast/ops/cast.hpp"
 #include "dualcast/parallel.hpp"
 
 #if defined(__CUDACC__)
@@ -301,10 +305,32 @@ class StatsNode final : public Node {
 }  // namespace
 }  // namespace norm_detail
 
+namespace norm_detail {
+namespace {
+/// The checks a 16-bit x adds: its running statistics are float32 (they are updated in place by the
+/// float32 computation, and a 16-bit running average would stop moving once its updates fall below
+/// one rounding step).
+void check_half_running_stats(const Var& x, const Tensor& rm, const Tensor& rv) {
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"running_mean", &rm},
+                                {"running_var", &rv}}) {
+    if (!t->defined()) continue;
+    DUALCAST_CHECK(t->dtype() == DType::float32, "batch_norm: '", name, "' ", t->shape().str(),
+                   " has dtype ", dtype_name(t->dtype()), " but x ", x.shape().str(), " is ",
+                   dtype_name(x.dtype()), "; a 16-bit x keeps float32 running statistics");
+  }
+}
+}  // namespace
+}  // namespace norm_detail
+
 BatchNormStats batch_norm_stats(const Var& x, const Tensor& running_mean, const Tensor& running_var,
                                 bool training, double momentum, double eps) {
   using namespace norm_detail;
   DUALCAST_CHECK(x.defined(), "batch_norm: argument 'x' is an undefined Var");
+  if (is_half(x.dtype())) {
+    check_half_running_stats(x, running_mean, running_var);
+    return batch_norm_stats(cast(x, DType::float32), running_mean, running_var, training, momentum,
+                            eps);
+  }
   const Geometry g = check_stats_args(x.value(), running_mean, running_var, training, momentum, eps);
   const Device dev = x.device();
   const DType dt = x.dtype();
@@ -369,11 +395,19 @@ Var batch_norm(const Var& x, const Var& gamma, const Var& beta, const Tensor& ru
   DUALCAST_CHECK(x.shape().rank() >= 2, "batch_norm: x has shape ", x.shape().str(),
                  "; expected [N, C] or [N, C, H, W] (rank >= 2)");
   const std::int64_t C = x.shape()[1];
+  const bool half = is_half(x.dtype());
   for (const auto& [name, v] : {std::pair<const char*, const Var*>{"gamma", &gamma}, {"beta", &beta}}) {
     DUALCAST_CHECK(v->shape().rank() == 1 && v->shape()[0] == C, "batch_norm: '", name, "' has shape ",
                    v->shape().str(), " but x ", x.shape().str(), " has ", C,
                    " channels (expected [", C, "])");
-    check_same_device_dtype("batch_norm", "x", x.value(), name, v->value());
+    detail::check_parameter_of_half("batch_norm", x.value(), name, v->value());
+  }
+  if (half) {
+    norm_detail::check_half_running_stats(x, running_mean, running_var);
+    return cast(batch_norm(cast(x, DType::float32), cast(gamma, DType::float32),
+                           cast(beta, DType::float32), running_mean, running_var, training,
+                           momentum, eps),
+                x.dtype());
   }
   const BatchNormStats st = batch_norm_stats(x, running_mean, running_var, training, momentum, eps);
   return channel_broadcast(BatchNormApply{}, x, st.mean, st.rstd, gamma, beta);

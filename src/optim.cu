@@ -2,6 +2,11 @@
 // weight decay, state and parameter in one pass), so the CPU and the GPU run the same body. The
 // bodies are lambdas inside named function templates: nvcc rejects extended __host__ __device__
 // lambdas inside generic lambdas such as dispatch_floating's.
+//
+// The kernels are templates of the parameter's storage type P and compute in C = compute_t<P>: for
+// float32 and float64 parameters C is P and the arithmetic is what it always was; a bfloat16 or
+// float16 parameter is read into float, updated in float with float32 state, and rounded once on the
+// store. Every kernel honours an optional device flag (skip): nonzero leaves everything unchanged.
 #include "dualcast/optim.hpp"
 
 #include <math.h>
@@ -35,32 +40,43 @@ DUALCAST_HD inline double flush_subnormal(double x) {
 // The learning rate (and Adam's bias corrections) are read from device scalars in float64 and
 // rounded to T in the kernel: the same value the host computed and passed before, so eager results
 // are unchanged, and a captured step reads the values current at each replay.
-template <class T>
-void sgd_plain(Device device, T* p, const T* g, std::int64_t n, const double* lr_dev, T wd) {
+/// Whether a step is to be skipped (GradScaler found an inf or NaN gradient).
+DUALCAST_HD DUALCAST_INLINE bool skipped(const float* skip) { return skip != nullptr && *skip != 0.0f; }
+
+template <class P>
+void sgd_plain(Device device, P* p, const P* g, std::int64_t n, const double* lr_dev,
+               compute_t<P> wd, const float* skip) {
+  using T = compute_t<P>;
   parallel_for(device, n, [=] DUALCAST_HD(std::int64_t i) {
+    if (skipped(skip)) return;
     const T lr = static_cast<T>(*lr_dev);
-    const T d = g[i] + wd * p[i];
-    p[i] = p[i] - lr * d;
+    const T pi = static_cast<T>(p[i]);
+    const T d = static_cast<T>(g[i]) + wd * pi;
+    p[i] = static_cast<P>(pi - lr * d);
   });
 }
 
-template <class T>
-void sgd_momentum(Device device, T* p, const T* g, T* buf, std::int64_t n, const double* lr_dev,
-                  T momentum, T wd) {
+template <class P>
+void sgd_momentum(Device device, P* p, const P* g, compute_t<P>* buf, std::int64_t n,
+                  const double* lr_dev, compute_t<P> momentum, compute_t<P> wd, const float* skip) {
+  using T = compute_t<P>;
   parallel_for(device, n, [=] DUALCAST_HD(std::int64_t i) {
+    if (skipped(skip)) return;
     const T lr = static_cast<T>(*lr_dev);
-    const T d = g[i] + wd * p[i];
+    const T pi = static_cast<T>(p[i]);
+    const T d = static_cast<T>(g[i]) + wd * pi;
     const T b = flush_subnormal(momentum * buf[i] + d);
     buf[i] = b;
-    p[i] = p[i] - lr * b;
+    p[i] = static_cast<P>(pi - lr * b);
   });
 }
 
 /// Advances Adam's step count of `n` consecutive schedule rows (t, step size, 1/sqrt(bc2)) and
 /// recomputes their bias corrections from it, in double as the host did: bc = 1 - beta^t.
 inline void adam_schedule(Device device, double* rows, std::int64_t n, const double* lr_dev,
-                          double beta1, double beta2) {
+                          double beta1, double beta2, const float* skip) {
   parallel_for(device, n, [=] DUALCAST_HD(std::int64_t r) {
+    if (skipped(skip)) return;  // a skipped step does not count (PyTorch does not call step())
     double* row = rows + 3 * r;
     const double t = row[0] + 1.0;
     row[0] = t;
@@ -72,38 +88,44 @@ inline void adam_schedule(Device device, double* rows, std::int64_t n, const dou
 }
 
 // PyTorch's form: p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps).
-template <class T>
-void adam_update(Device device, T* p, const T* g, T* m, T* v, std::int64_t n, const double* row,
-                 T beta1, T beta2, T eps, T wd) {
+template <class P>
+void adam_update(Device device, P* p, const P* g, compute_t<P>* m, compute_t<P>* v, std::int64_t n,
+                 const double* row, compute_t<P> beta1, compute_t<P> beta2, compute_t<P> eps,
+                 compute_t<P> wd, const float* skip) {
+  using T = compute_t<P>;
   const T one_minus_beta1 = T(1) - beta1, one_minus_beta2 = T(1) - beta2;
   parallel_for(device, n, [=] DUALCAST_HD(std::int64_t i) {
+    if (skipped(skip)) return;
     const T step_size = static_cast<T>(row[1]);
     const T inv_sqrt_bc2 = static_cast<T>(row[2]);
-    const T d = g[i] + wd * p[i];
+    const T pi = static_cast<T>(p[i]);
+    const T d = static_cast<T>(g[i]) + wd * pi;
     const T mi = flush_subnormal(beta1 * m[i] + one_minus_beta1 * d);
     const T vi = flush_subnormal(beta2 * v[i] + one_minus_beta2 * d * d);
     m[i] = mi;
     v[i] = vi;
-    p[i] = p[i] - step_size * mi / (opt_sqrt(vi) * inv_sqrt_bc2 + eps);
+    p[i] = static_cast<P>(pi - step_size * mi / (opt_sqrt(vi) * inv_sqrt_bc2 + eps));
   });
 }
 
-template <class T>
+template <class P>
 void run_sgd(const Tensor& p, const Tensor& g, const Tensor* buf, const double* lr, double momentum,
-             double wd) {
+             double wd, const float* skip) {
+  using T = compute_t<P>;
   if (buf != nullptr)
-    sgd_momentum<T>(p.device(), p.data<T>(), g.data<T>(), buf->data<T>(), p.numel(), lr,
-                    static_cast<T>(momentum), static_cast<T>(wd));
+    sgd_momentum<P>(p.device(), p.data<P>(), g.data<P>(), buf->data<T>(), p.numel(), lr,
+                    static_cast<T>(momentum), static_cast<T>(wd), skip);
   else
-    sgd_plain<T>(p.device(), p.data<T>(), g.data<T>(), p.numel(), lr, static_cast<T>(wd));
+    sgd_plain<P>(p.device(), p.data<P>(), g.data<P>(), p.numel(), lr, static_cast<T>(wd), skip);
 }
 
-template <class T>
+template <class P>
 void run_adam(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const double* row,
-              double beta1, double beta2, double eps, double wd) {
-  adam_update<T>(p.device(), p.data<T>(), g.data<T>(), m.data<T>(), v.data<T>(), p.numel(), row,
+              double beta1, double beta2, double eps, double wd, const float* skip) {
+  using T = compute_t<P>;
+  adam_update<P>(p.device(), p.data<P>(), g.data<P>(), m.data<T>(), v.data<T>(), p.numel(), row,
                  static_cast<T>(beta1), static_cast<T>(beta2), static_cast<T>(eps),
-                 static_cast<T>(wd));
+                 static_cast<T>(wd), skip);
 }
 
 }  // namespace detail
@@ -127,7 +149,7 @@ Optimizer::Optimizer(std::vector<Var> params, double lr, const char* who)
                    p.shape().str(),
                    " is not a leaf that requires a gradient (create parameters with Var::param)");
     DUALCAST_CHECK(is_floating(p.dtype()), who, ": parameter ", i, " has dtype ",
-                   dtype_name(p.dtype()), " (expected float32 or float64)");
+                   dtype_name(p.dtype()), " (expected float32, float64, bfloat16 or float16)");
     DUALCAST_CHECK(p.value().is_contiguous(), who, ": parameter ", i, " of shape ",
                    p.shape().str(), " is not contiguous");
     DUALCAST_CHECK(seen.insert(p.state().get()).second, who, ": parameter ", i, " of shape ",
@@ -165,6 +187,22 @@ const double* Optimizer::lr_on_device(std::size_t i) const {
   return groups_[group_of_[i]].lr.data<double>();
 }
 
+void Optimizer::step_unless(const Tensor& found_inf) {
+  check_defined(found_inf, who_, "found_inf");
+  DUALCAST_CHECK(found_inf.dtype() == DType::float32 && found_inf.numel() == 1, who_,
+                 ": step_unless takes a float32 flag of one element, got ", found_inf.str());
+  for (const DeviceGroup& g : groups_)
+    DUALCAST_CHECK(g.device == found_inf.device(), who_, ": step_unless: the flag lives on ",
+                   found_inf.device().str(), " but parameters live on ", g.device.str(),
+                   " (the update kernels read it there)");
+  struct Reset {
+    const float*& flag;
+    ~Reset() { flag = nullptr; }
+  } reset{skip_};
+  skip_ = static_cast<const float*>(found_inf.raw_data());
+  step();
+}
+
 void Optimizer::zero_grad() {
   for (Var& p : params_) p.zero_grad();
 }
@@ -193,7 +231,7 @@ SGD::SGD(std::vector<Var> params, double lr, double momentum, double weight_deca
   if (momentum_ > 0.0)
     for (std::size_t i = 0; i < params_.size(); ++i) {
       const Tensor& v = params_[i].value();
-      buffers_[i] = Tensor::zeros(v.shape(), v.dtype(), v.device());
+      buffers_[i] = Tensor::zeros(v.shape(), compute_dtype(v.dtype()), v.device());
     }
 }
 
@@ -203,10 +241,9 @@ void SGD::step() {
     if (!g.defined()) continue;
     const Tensor& p = params_[i].value();
     const Tensor* buf = momentum_ > 0.0 ? &buffers_[i] : nullptr;
-    if (p.dtype() == DType::float32)
-      detail::run_sgd<float>(p, g, buf, lr_on_device(i), momentum_, weight_decay_);
-    else
-      detail::run_sgd<double>(p, g, buf, lr_on_device(i), momentum_, weight_decay_);
+    dispatch_floating_storage(p.dtype(), "SGD", [&](auto tag) {
+      detail::run_sgd<decltype(tag)>(p, g, buf, lr_on_device(i), momentum_, weight_decay_, skip_);
+    });
   }
   ++steps_;
 }
@@ -229,8 +266,8 @@ Adam::Adam(std::vector<Var> params, double lr, double beta1, double beta2, doubl
   v_.reserve(params_.size());
   for (const Var& p : params_) {
     const Tensor& v = p.value();
-    m_.push_back(Tensor::zeros(v.shape(), v.dtype(), v.device()));
-    v_.push_back(Tensor::zeros(v.shape(), v.dtype(), v.device()));
+    m_.push_back(Tensor::zeros(v.shape(), compute_dtype(v.dtype()), v.device()));
+    v_.push_back(Tensor::zeros(v.shape(), compute_dtype(v.dtype()), v.device()));
   }
   for (const DeviceGroup& g : groups_)
     schedule_.push_back(Tensor::zeros(
@@ -257,11 +294,11 @@ void Adam::step() {
     for (std::size_t i : grp.members) all = all && grads[i].defined();
     if (all) {
       detail::adam_schedule(grp.device, rows, static_cast<std::int64_t>(grp.members.size()), lr,
-                            beta1_, beta2_);
+                            beta1_, beta2_, skip_);
     } else {
       for (std::size_t s = 0; s < grp.members.size(); ++s)
         if (grads[grp.members[s]].defined())
-          detail::adam_schedule(grp.device, rows + 3 * s, 1, lr, beta1_, beta2_);
+          detail::adam_schedule(grp.device, rows + 3 * s, 1, lr, beta1_, beta2_, skip_);
     }
   }
   for (std::size_t i = 0; i < params_.size(); ++i) {
@@ -269,10 +306,10 @@ void Adam::step() {
     if (!g.defined()) continue;
     const double* row = schedule_[group_of_[i]].data<double>() + 3 * slot_of_[i];
     const Tensor& p = params_[i].value();
-    if (p.dtype() == DType::float32)
-      detail::run_adam<float>(p, g, m_[i], v_[i], row, beta1_, beta2_, eps_, weight_decay_);
-    else
-      detail::run_adam<double>(p, g, m_[i], v_[i], row, beta1_, beta2_, eps_, weight_decay_);
+    dispatch_floating_storage(p.dtype(), "Adam", [&](auto tag) {
+      detail::run_adam<decltype(tag)>(p, g, m_[i], v_[i], row, beta1_, beta2_, eps_, weight_decay_,
+                                      skip_);
+    });
   }
   ++steps_;
 }

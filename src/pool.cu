@@ -1,5 +1,6 @@
 // pool.cu: max, average and adaptive average pooling (forward: a thread per output; backward: a
-// thread per input element gathering from the windows that contain it) and flatten.
+// thread per input element gathering from the windows that contain it) and flatten. 16-bit tensors
+// are read and written directly, windows accumulated in float (compute_t).
 #include "dualcast/ops/pool.hpp"
 
 #include <cmath>
@@ -42,7 +43,7 @@ PoolGeometry input_geometry(const Tensor& x, Kind k) {
   DUALCAST_CHECK(x.rank() == 4, op, ": x must be a 4-D [N, C, H, W] tensor, got shape ",
                  x.shape().str(), " (rank ", x.rank(), ")");
   DUALCAST_CHECK(is_floating(x.dtype()), op, ": unsupported dtype ", dtype_name(x.dtype()),
-                 " of x ", x.shape().str(), " (expected float32 or float64)");
+                 " of x ", x.shape().str(), " (expected float32, float64, bfloat16 or float16)");
   const Shape& s = x.shape();
   PoolGeometry g;
   g.NC = s[0] * s[1];
@@ -130,18 +131,19 @@ struct MaxForward {
     std::int64_t nc, oh, ow, h0, h1, w0, w1;
     split_plane_index(i, g.OH, g.OW, nc, oh, ow);
     clipped_window(g, oh, ow, h0, h1, w0, w1);
+    using C = compute_t<T>;
     const T* plane = x + nc * g.H * g.W;
     std::int64_t best_at = h0 * g.W + w0;
-    T best = -std::numeric_limits<T>::infinity();
+    C best = -std::numeric_limits<C>::infinity();
     for (std::int64_t h = h0; h < h1; ++h)
       for (std::int64_t w = w0; w < w1; ++w) {
-        const T v = plane[h * g.W + w];
+        const C v = static_cast<C>(plane[h * g.W + w]);
         if (v > best || v != v) {  // first maximum; a NaN wins
           best = v;
           best_at = h * g.W + w;
         }
       }
-    y[i] = best;
+    y[i] = static_cast<T>(best);
     arg[i] = static_cast<std::int32_t>(best_at);
   }
 };
@@ -169,14 +171,15 @@ struct MaxBackward {
     window_range(ih, g.ph, g.kh, g.sh, g.OH, oh0, oh1);
     window_range(iw, g.pw, g.kw, g.sw, g.OW, ow0, ow1);
     const auto me = static_cast<std::int32_t>(ih * g.W + iw);
+    using C = compute_t<T>;
     const std::int64_t base = nc * g.OH * g.OW;
-    T acc = T(0);
+    C acc = C(0);
     for (std::int64_t oh = oh0; oh <= oh1; ++oh)
       for (std::int64_t ow = ow0; ow <= ow1; ++ow) {
         const std::int64_t o = base + oh * g.OW + ow;
-        if (arg[o] == me) acc += gy[o];
+        if (arg[o] == me) acc += static_cast<C>(gy[o]);
       }
-    gx[i] = (accumulate ? gx[i] : T(0)) + acc;
+    gx[i] = static_cast<T>((accumulate ? static_cast<C>(gx[i]) : C(0)) + acc);
   }
 };
 
@@ -199,11 +202,12 @@ struct AvgForward {
       clipped_window(g, oh, ow, h0, h1, w0, w1);
       divisor = g.include_pad ? g.kh * g.kw : (h1 - h0) * (w1 - w0);
     }
+    using C = compute_t<T>;
     const T* plane = x + nc * g.H * g.W;
-    T acc = T(0);
+    C acc = C(0);
     for (std::int64_t h = h0; h < h1; ++h)
-      for (std::int64_t w = w0; w < w1; ++w) acc += plane[h * g.W + w];
-    y[i] = acc / static_cast<T>(divisor);
+      for (std::int64_t w = w0; w < w1; ++w) acc += static_cast<C>(plane[h * g.W + w]);
+    y[i] = static_cast<T>(acc / static_cast<C>(divisor));
   }
 };
 
@@ -217,8 +221,9 @@ struct AvgBackward {
   DUALCAST_HD void operator()(std::int64_t i) const {
     std::int64_t nc, ih, iw;
     split_plane_index(i, g.H, g.W, nc, ih, iw);
+    using C = compute_t<T>;
     const std::int64_t base = nc * g.OH * g.OW;
-    T acc = T(0);
+    C acc = C(0);
     if (adaptive) {
       const std::int64_t oh0 = div64(ih * g.OH, g.H), ow0 = div64(iw * g.OW, g.W);
       for (std::int64_t oh = oh0; oh < g.OH && adaptive_start(oh, g.H, g.OH) <= ih; ++oh) {
@@ -227,7 +232,7 @@ struct AvgBackward {
         for (std::int64_t ow = ow0; ow < g.OW && adaptive_start(ow, g.W, g.OW) <= iw; ++ow) {
           const std::int64_t w0 = adaptive_start(ow, g.W, g.OW), w1 = adaptive_end(ow, g.W, g.OW);
           if (iw < w0 || iw >= w1) continue;
-          acc += gy[base + oh * g.OW + ow] / static_cast<T>((h1 - h0) * (w1 - w0));
+          acc += static_cast<C>(gy[base + oh * g.OW + ow]) / static_cast<C>((h1 - h0) * (w1 - w0));
         }
       }
     } else {
@@ -242,10 +247,10 @@ struct AvgBackward {
             clipped_window(g, oh, ow, h0, h1, w0, w1);
             divisor = (h1 - h0) * (w1 - w0);
           }
-          acc += gy[base + oh * g.OW + ow] / static_cast<T>(divisor);
+          acc += static_cast<C>(gy[base + oh * g.OW + ow]) / static_cast<C>(divisor);
         }
     }
-    gx[i] = (accumulate ? gx[i] : T(0)) + acc;
+    gx[i] = static_cast<T>((accumulate ? static_cast<C>(gx[i]) : C(0)) + acc);
   }
 };
 
@@ -277,7 +282,7 @@ class MaxPoolNode final : public Node {
     const Tensor gy = detail::contiguous_copy(grad_outputs[0]);
     GradTarget t = grad_target(*inputs[0], in_shape_, dt_, gy.device());
     const auto* arg = static_cast<const std::int32_t*>(arg_.raw_data());
-    dispatch_floating(dt_, "max_pool2d backward", [&](auto tag) {
+    dispatch_floating_storage(dt_, "max_pool2d backward", [&](auto tag) {
       using T = decltype(tag);
       parallel_for(gy.device(), in_shape_.numel(),
                    MaxBackward<T>{gy.data<T>(), arg, t.buffer.data<T>(), g_, t.accumulate});
@@ -301,7 +306,7 @@ class AvgPoolNode final : public Node {
     if (!grad_outputs[0].defined() || !inputs[0]) return;
     const Tensor gy = detail::contiguous_copy(grad_outputs[0]);
     GradTarget t = grad_target(*inputs[0], in_shape_, dt_, gy.device());
-    dispatch_floating(dt_, "avg_pool2d backward", [&](auto tag) {
+    dispatch_floating_storage(dt_, "avg_pool2d backward", [&](auto tag) {
       using T = decltype(tag);
       parallel_for(gy.device(), in_shape_.numel(),
                    AvgBackward<T>{gy.data<T>(), t.buffer.data<T>(), g_, kind_ == Kind::adaptive,
@@ -330,7 +335,7 @@ MaxResult max_forward(const Tensor& x0, const PoolGeometry& g) {
   r.y = Tensor::empty(out_shape(x, g), x.dtype(), x.device());
   r.arg = Tensor::empty(Shape{4 * r.y.numel()}, DType::uint8, x.device());
   auto* arg = static_cast<std::int32_t*>(r.arg.raw_data());
-  dispatch_floating(x.dtype(), "max_pool2d", [&](auto tag) {
+  dispatch_floating_storage(x.dtype(), "max_pool2d", [&](auto tag) {
     using T = decltype(tag);
     parallel_for(x.device(), r.y.numel(), MaxForward<T>{x.data<T>(), r.y.data<T>(), arg, g});
   });
@@ -340,7 +345,7 @@ MaxResult max_forward(const Tensor& x0, const PoolGeometry& g) {
 Tensor avg_forward(const Tensor& x0, const PoolGeometry& g, bool adaptive) {
   const Tensor x = detail::contiguous_copy(x0);
   Tensor y = Tensor::empty(out_shape(x, g), x.dtype(), x.device());
-  dispatch_floating(x.dtype(), adaptive ? "adaptive_avg_pool2d" : "avg_pool2d", [&](auto tag) {
+  dispatch_floating_storage(x.dtype(), adaptive ? "adaptive_avg_pool2d" : "avg_pool2d", [&](auto tag) {
     using T = decltype(tag);
     parallel_for(x.device(), y.numel(), AvgForward<T>{x.data<T>(), y.data<T>(), g, adaptive});
   });

@@ -1,5 +1,7 @@
 // reduce.cu: sum_to, sum, mean, amax (Tensor and tape forms) and the broadcast copy behind their
 // gradients. The loops live in kernels/reduce.cuh (one engine for every reduction, CPU and CUDA).
+// 16-bit tensors are read and written directly; every value passes through registers in its
+// compute type (half.hpp's compute_t: float for bfloat16/float16), sums in double.
 #include "dualcast/ops/reduce.hpp"
 
 #include <algorithm>
@@ -44,11 +46,11 @@ enum class ReduceKind { sum, mean, max };
 
 template <class T>
 void broadcast_copy_flat(Device d, T* out, const T* x, std::int64_t n, BroadcastIndexer<1> ix,
-                         T scale) {
+                         compute_t<T> scale) {
   parallel_for(d, n, [=] DUALCAST_HD(std::int64_t i) {
     std::int64_t off[1];
     ix.offsets(i, off);
-    out[i] = x[off[0]] * scale;
+    out[i] = static_cast<T>(x[off[0]] * scale);
   });
 }
 
@@ -57,12 +59,12 @@ void broadcast_copy_flat(Device d, T* out, const T* x, std::int64_t n, Broadcast
 template <class T, class I>
 DUALCAST_HD DUALCAST_INLINE void copy_row(T* __restrict__ out, const T* __restrict__ x,
                                           const BroadcastIndexer<1>& outer, std::int64_t r, I L,
-                                          std::int64_t ls, T scale, I c0, I step) {
+                                          std::int64_t ls, compute_t<T> scale, I c0, I step) {
   std::int64_t off[1];
   outer.offsets(r, off);
   const T* src = x + off[0];
   T* dst = out + r * L;
-  for (I c = c0; c < L; c += step) dst[c] = src[c * ls] * scale;
+  for (I c = c0; c < L; c += step) dst[c] = static_cast<T>(src[c * ls] * scale);
 }
 
 #if defined(__CUDACC__)
@@ -73,7 +75,8 @@ DUALCAST_HD DUALCAST_INLINE void copy_row(T* __restrict__ out, const T* __restri
 template <class T>
 __global__ void __launch_bounds__(kReduceBlock)
     broadcast_rows_kernel(T* __restrict__ out, const T* __restrict__ x, std::int64_t rows,
-                          std::int64_t L, std::int64_t ls, BroadcastIndexer<1> outer, T scale) {
+                          std::int64_t L, std::int64_t ls, BroadcastIndexer<1> outer,
+                          compute_t<T> scale) {
   const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t r = blockIdx.y; r < rows; r += gridDim.y)
     copy_row(out, x, outer, r, L, ls, scale,
@@ -84,7 +87,8 @@ __global__ void __launch_bounds__(kReduceBlock)
 template <class T>
 __global__ void __launch_bounds__(kReduceBlock)
     broadcast_short_rows_kernel(T* __restrict__ out, const T* __restrict__ x, std::int64_t rows,
-                                int L, std::int64_t ls, BroadcastIndexer<1> outer, T scale) {
+                                int L, std::int64_t ls, BroadcastIndexer<1> outer,
+                                compute_t<T> scale) {
   const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < rows;
        r += step)
@@ -95,13 +99,13 @@ __global__ void __launch_bounds__(kReduceBlock)
 /// out (contiguous, n elements) = x read through `ix` (one source argument) times scale.
 template <class T>
 void broadcast_copy_typed(Device d, T* out, const T* x, std::int64_t n, BroadcastIndexer<1> ix,
-                          T scale) {
+                          compute_t<T> scale) {
   if (n <= 0) return;
   if (ix.access[0] != Access::strided || ix.rank < 2) {  // a scaled copy, or a scalar source
     if (d.is_cpu()) {
       const bool scalar = ix.access[0] == Access::scalar;
       cpu_for(n, kCpuGrain, [&](std::int64_t b, std::int64_t e) {
-        for (std::int64_t i = b; i < e; ++i) out[i] = x[scalar ? 0 : i] * scale;
+        for (std::int64_t i = b; i < e; ++i) out[i] = static_cast<T>(x[scalar ? 0 : i] * scale);
       });
     } else {
       broadcast_copy_flat<T>(d, out, x, n, ix, scale);
@@ -147,25 +151,30 @@ void store_scaled_double_kernel(Device d, T* out, const double* v, double scale)
   parallel_for(d, 1, [=] DUALCAST_HD(std::int64_t) { out[0] = static_cast<T>(v[0] * scale); });
 }
 
-/// d(amax)/dx: the adjoint of output o(i) split evenly over the tied maxima of that output.
+/// d(amax)/dx: the adjoint of output o(i) split evenly over the tied maxima of that output. The
+/// counts are in the compute type: a 16-bit count would stop being exact past 256 ties.
 template <class T>
-void amax_backward_kernel(Device d, T* gx, const T* x, const T* y, const T* g, const T* count,
-                          std::int64_t n, BroadcastIndexer<1> ix) {
+void amax_backward_kernel(Device d, T* gx, const T* x, const T* y, const T* g,
+                          const compute_t<T>* count, std::int64_t n, BroadcastIndexer<1> ix) {
+  using C = compute_t<T>;
   parallel_for(d, n, [=] DUALCAST_HD(std::int64_t i) {
     std::int64_t off[1];
     ix.offsets(i, off);
     const std::int64_t o = off[0];
-    gx[i] = x[i] == y[o] ? g[o] / count[o] : T(0);
+    gx[i] = static_cast<C>(x[i]) == static_cast<C>(y[o])
+                ? static_cast<T>(static_cast<C>(g[o]) / count[o])
+                : T(0);
   });
 }
 
-/// Counts, per output o, the inputs equal to y[o] (the ties of a maximum).
+/// Counts, per output o, the inputs equal to y[o] (the ties of a maximum), in the compute type.
 template <class T>
 struct TieLoad {
+  using C = compute_t<T>;
   const T* x;
   const T* y;
-  [[nodiscard]] DUALCAST_HD DUALCAST_INLINE T operator()(std::int64_t o, std::int64_t off) const {
-    return x[off] == y[o] ? T(1) : T(0);
+  [[nodiscard]] DUALCAST_HD DUALCAST_INLINE C operator()(std::int64_t o, std::int64_t off) const {
+    return static_cast<C>(x[off]) == static_cast<C>(y[o]) ? C(1) : C(0);
   }
 };
 
@@ -177,7 +186,8 @@ void reduce_typed(const Tensor& x, const ReducePlan& p, Tensor& out, ReduceKind 
   const T* xp = x.data<T>();
   T* op = out.data<T>();
   if (kind == ReduceKind::max) {
-    run_reduce<T>(dev, p, PlainLoad<T, T>{xp}, MaxOp<T>{}, CastStore<T, T>{op});
+    using C = compute_t<T>;  // a maximum is exact in any type that holds T's values
+    run_reduce<C>(dev, p, PlainLoad<T, C>{xp}, MaxOp<C>{}, CastStore<T, C>{op});
     return;
   }
   const double scale = kind == ReduceKind::mean ? 1.0 / static_cast<double>(p.n_red) : 1.0;
@@ -207,7 +217,7 @@ Tensor reduce_impl(const char* opname, const Tensor& x, const std::vector<bool>&
   }
   const ReducePlan p = make_reduce_plan(x.shape(), x.strides(), mb);
   Tensor out = Tensor::empty(out_shape, x.dtype(), x.device());
-  dispatch_floating(x.dtype(), opname, [&](auto tag) {
+  dispatch_floating_storage(x.dtype(), opname, [&](auto tag) {
     using T = decltype(tag);
     reduce_typed<T>(x, p, out, kind);
   });
@@ -217,7 +227,8 @@ Tensor reduce_impl(const char* opname, const Tensor& x, const std::vector<bool>&
 void check_reducible(const Tensor& x, const char* op) {
   check_defined(x, op, "x");
   DUALCAST_CHECK(is_floating(x.dtype()), op, ": unsupported dtype ", dtype_name(x.dtype()),
-                 " of shape ", x.shape().str(), " (expected float32 or float64)");
+                 " of shape ", x.shape().str(),
+                 " (expected float32, float64, bfloat16 or float16)");
 }
 
 }  // namespace
@@ -239,10 +250,10 @@ Tensor broadcast_copy(const Tensor& x, const Shape& shape, double scale) {
   const Tensor src = contiguous_copy(x);
   Tensor out = Tensor::empty(shape, x.dtype(), x.device());
   const BroadcastIndexer<1> ix = make_indexer<1>(shape, {src.shape()});
-  dispatch_floating(x.dtype(), "broadcast_copy", [&](auto tag) {
+  dispatch_floating_storage(x.dtype(), "broadcast_copy", [&](auto tag) {
     using T = decltype(tag);
     broadcast_copy_typed<T>(x.device(), out.data<T>(), src.data<T>(), out.numel(), ix,
-                            static_cast<T>(scale));
+                            static_cast<compute_t<T>>(scale));
   });
   return out;
 }
@@ -376,15 +387,16 @@ class AmaxNode final : public Node {
     bool mb[kMaxRank] = {};
     for (int d = 0; d < x_.rank(); ++d) mb[d] = mask_[static_cast<std::size_t>(d)];
     const detail::ReducePlan p = detail::make_reduce_plan(x_.shape(), x_.strides(), mb);
-    Tensor count = Tensor::empty(y_.shape(), x_.dtype(), dev);
+    Tensor count = Tensor::empty(y_.shape(), compute_dtype(x_.dtype()), dev);
     Tensor gx = Tensor::empty(x_.shape(), x_.dtype(), dev);
     const BroadcastIndexer<1> ix = make_indexer<1>(x_.shape(), {y_.shape()});
-    dispatch_floating(x_.dtype(), "amax backward", [&](auto tag) {
+    dispatch_floating_storage(x_.dtype(), "amax backward", [&](auto tag) {
       using T = decltype(tag);
-      detail::run_reduce<T>(dev, p, detail::TieLoad<T>{x_.data<T>(), y_.data<T>()},
-                            detail::SumOp<T>{}, detail::CastStore<T, T>{count.data<T>()});
+      using C = compute_t<T>;
+      detail::run_reduce<C>(dev, p, detail::TieLoad<T>{x_.data<T>(), y_.data<T>()},
+                            detail::SumOp<C>{}, detail::CastStore<C, C>{count.data<C>()});
       detail::amax_backward_kernel<T>(dev, gx.data<T>(), x_.data<T>(), y_.data<T>(), g.data<T>(),
-                                      count.data<T>(), gx.numel(), ix);
+                                      count.data<C>(), gx.numel(), ix);
     });
     detail::accumulate_grad(*inputs[0], std::move(gx), /*owned=*/true);
   }

@@ -34,4 +34,5 @@
 #include "dualcast/ops/norm.hpp"
 #include "dualcast/gradcheck.hpp"
 #include "dualcast/optim.hpp"
+#include "dualcast/grad_scaler.hpp"
 #include "dualcast/data.hpp"

@@ -17,6 +17,13 @@ inline constexpr double kFiniteDifferenceStep = 1e-6;
 inline constexpr double kGradTolDouble = 1e-6;
 /// Worst relative error accepted between float results and double references.
 inline constexpr double kGradTolFloat = 2e-3;
+/// Worst relative error accepted between a gradient computed in bfloat16 and the float64 finite
+/// difference: bfloat16 keeps 8 significant bits (unit roundoff 2^-8 = 3.9e-3), and a gradient goes
+/// through several roundings (the inputs, the forward values it depends on, the backward's own
+/// result), each up to one unit roundoff; 3e-2 allows about eight of them.
+inline constexpr double kGradTolBfloat16 = 3e-2;
+/// The same for float16: 11 significant bits (unit roundoff 2^-11 = 4.9e-4), eight roundings.
+inline constexpr double kGradTolFloat16 = 4e-3;
 /// Worst relative error accepted between two float computations of the same quantity in different
 /// orders (CPU vs GPU, mixed vs reverse mode): a few ulps accumulated over a reduction.
 inline constexpr double kSameResultTolFloat = 1e-4;
@@ -105,6 +112,7 @@ double array_error(const Got& got, const Want& want, ErrorScale scale) {
 #include <string>
 #include <vector>
 
+#include "dualcast/ops/cast.hpp"
 #include "dualcast/random.hpp"
 #include "dualcast/tape.hpp"
 
@@ -138,23 +146,35 @@ struct GradCheckOptions {
 /// Compares the tape's gradients of `f` with central finite differences in double precision.
 /// `f` takes a std::vector<Var> (one per input, each a Var::param on the inputs' device) and returns a
 /// Var of any shape; a non-scalar output is projected onto a fixed random direction R, so the checked
-/// quantity is sum(f(x) * R) and backward is seeded with R. Inputs are converted to float64.
+/// quantity is sum(f(x) * R) and backward is seeded with R (rounded to the output's dtype, and the
+/// same rounded R projects the differences).
+///
+/// The differencing always runs in float64: inputs are converted to float64 for it, and it holds a
+/// KeepPrecisionGuard (ops/cast.hpp), so casts of those float64 values to narrower dtypes inside `f`
+/// do nothing. The tape's gradients come from f as written: float32 and float64 inputs are converted
+/// to float64 for it too (as always), while a bfloat16 or float16 input is passed in its own dtype,
+/// so f runs its 16-bit path, and a cast to 16 bits inside f (of a float64 input) takes effect. Those
+/// gradients carry 16-bit rounding: check them with kGradTolBfloat16 / kGradTolFloat16.
 template <class F>
 GradCheckResult check_gradients(const F& f, const std::vector<Tensor>& inputs,
                                 const GradCheckOptions& opts = {}) {
   std::vector<Tensor> x;
   for (const auto& t : inputs) x.push_back(t.to(DType::float64).clone());
   std::vector<Var> params;
-  for (const auto& t : x) params.push_back(Var::param(t));
+  for (std::size_t k = 0; k < x.size(); ++k)
+    params.push_back(Var::param(is_half(inputs[k].dtype()) ? inputs[k].clone() : x[k]));
   const Var out = f(params);
   const Shape out_shape = out.shape();
   const Device dev = out.device();
   std::vector<double> r(static_cast<std::size_t>(out_shape.numel()));
   for (std::size_t j = 0; j < r.size(); ++j) r[j] = random::normal(opts.seed, j);
-  out.backward(Tensor::from_vector(out_shape, r, dev).to(out.dtype()));
+  const Tensor seed = Tensor::from_vector(out_shape, r, dev).to(out.dtype());
+  r = seed.to_vector<double>();
+  out.backward(seed);
 
   auto project = [&](const std::vector<Tensor>& xs) {
     NoGradGuard no_grad;
+    KeepPrecisionGuard keep;
     std::vector<Var> vs(xs.begin(), xs.end());
     const std::vector<double> y = f(vs).value().template to_vector<double>();
     double s = 0.0;

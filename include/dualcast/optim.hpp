@@ -12,6 +12,18 @@
 // steps) are stored as 0: subnormal arithmetic is 15-20x slower on x86 CPUs. This changes results by
 // less than 1e-38 (float) and is done identically on the GPU.
 //
+// 16-bit parameters (bfloat16, float16): the optimizers keep their state in float32 (momentum
+// buffers and Adam moments are float32 tensors), read the parameter and its gradient (which has the
+// parameter's dtype) into float, compute the update in float32 and store the new value rounded to
+// the parameter's dtype. float32 and float64 parameters are updated exactly as before. An update
+// smaller than half a unit in the last place of a 16-bit parameter is lost in that rounding (no
+// float32 master copy is kept here: keep float32 parameters and cast them, as Autocast does, when
+// that matters).
+//
+// step_unless(found_inf) is step() made conditional on a device flag, for GradScaler: every update
+// kernel (and Adam's step count) reads the flag and leaves everything unchanged when it is nonzero,
+// so a captured step needs no host decision.
+//
 // The update rules follow PyTorch's torch.optim (SGD without dampening or Nesterov; Adam with L2
 // weight decay added to the gradient), so results can be compared with it.
 //
@@ -42,6 +54,11 @@ class Optimizer {
 
   /// Applies one update to every parameter that has a gradient.
   virtual void step() = 0;
+  /// step(), except that the update kernels leave every parameter and every state unchanged when
+  /// the float32 one-element device tensor `found_inf` is nonzero at the time they run (GradScaler's
+  /// flag; capture-safe, nothing is read on the host). The flag must live on every parameter's
+  /// device. Counts in steps() either way.
+  void step_unless(const Tensor& found_inf);
   /// Forgets every parameter's gradient (the next backward starts from zero).
   void zero_grad();
 
@@ -79,6 +96,8 @@ class Optimizer {
   std::vector<DeviceGroup> groups_;
   std::vector<std::size_t> group_of_;  ///< parameter i -> its index in groups_
   std::vector<std::size_t> slot_of_;   ///< parameter i -> its position in its group's members
+  /// During step_unless: the flag the update kernels read (nullptr: update unconditionally).
+  const float* skip_ = nullptr;
 };
 
 /// Stochastic gradient descent: g = grad + weight_decay * p; with momentum, buf = momentum * buf + g
@@ -90,7 +109,8 @@ class SGD final : public Optimizer {
 
   [[nodiscard]] double momentum() const { return momentum_; }
   [[nodiscard]] double weight_decay() const { return weight_decay_; }
-  /// The momentum buffer of parameter i (undefined when momentum is 0).
+  /// The momentum buffer of parameter i (undefined when momentum is 0; float32 for a 16-bit
+  /// parameter).
   [[nodiscard]] const Tensor& momentum_buffer(std::size_t i) const { return buffers_.at(i); }
 
  private:

@@ -10,8 +10,11 @@
 //   dgamma = sum over rows of g * xhat,   dbeta = sum over rows of g
 // dx is one row kernel; dgamma and dbeta are per-chunk column partial sums reduced by dualcast::sum.
 // float32 (statistics accumulated in float32 per lane, combined in a fixed order) and float64, CPU
-// and CUDA (a warp per row). Throws dualcast::Error naming the argument and shapes when gamma or beta
-// is not [C], when dtypes or devices differ, for rank 0 or for eps < 0 or not finite.
+// and CUDA (a warp per row). bfloat16 and float16 x compute on a float32 copy (one conversion pass
+// each way, forward and backward) and return x's dtype; their gamma and beta may be float32 (the
+// master parameters of mixed precision, which then get float32 gradients) or x's dtype. Throws
+// dualcast::Error naming the argument and shapes when gamma or beta is not [C], when dtypes or
+// devices differ, for rank 0 or for eps < 0 or not finite.
 #pragma once
 
 #include "dualcast/tape.hpp"

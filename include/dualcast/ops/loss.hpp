@@ -2,7 +2,11 @@
 // error), on tensors and on the tape.
 //
 // Each op is one dedicated kernel forward and one backward (not composed from generic ops), on the
-// CPU and on CUDA devices, for float32 and float64:
+// CPU and on CUDA devices, for float32 and float64. bfloat16 and float16 inputs are accepted and
+// computed on a float32 copy (one conversion pass each way, forward and backward), as PyTorch
+// computes them in float32 internally: the result (and the gradient) has the input's dtype, rounded
+// once from the float32 result. mse needs pred and target of the same dtype; cross_entropy's labels
+// keep whatever dtype they have.
 //  - softmax / log_softmax subtract the maximum along the axis (one online max-and-sum pass, then
 //    one write pass), so large logits never overflow. Backward: softmax  gx = y * (g - sum(g * y)),
 //    log_softmax  gx = g - exp(y) * sum(g), both along the axis, from the saved output alone.

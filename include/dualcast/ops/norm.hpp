@@ -15,6 +15,12 @@
 // Shapes: x [N, C, *] (rank >= 2; [N, C] is BatchNorm1d), gamma and beta [C], running statistics [C]
 // (same dtype and device as x). Training needs more than one value per channel (N * H * W > 1), as
 // PyTorch does. Errors name the op, the argument and the shapes.
+//
+// 16-bit x (bfloat16, float16): computes on a float32 copy (one conversion pass each way, forward and
+// backward), as PyTorch's autocast runs batch norm in float32. The running statistics must then be
+// float32 (an Error otherwise); gamma and beta may be float32 (they then get float32 gradients) or x's
+// dtype. batch_norm returns x's dtype; batch_norm_stats returns float32 statistics, which a
+// channel_broadcast over x itself can take as per-channel arguments.
 #pragma once
 
 #include "dualcast/channel_broadcast.hpp"

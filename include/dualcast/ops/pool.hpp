@@ -1,5 +1,8 @@
 // ops/pool.hpp: pooling over NCHW tensors and flatten, on the tape, PyTorch's semantics (floor
-// output sizes, no ceil mode), float32 and float64, CPU and CUDA. One kernel forward, one backward.
+// output sizes, no ceil mode), float32, float64, bfloat16 and float16, CPU and CUDA. One kernel
+// forward, one backward. 16-bit tensors are read and written directly (no float32 copy): a window's
+// maximum or sum and a gradient's gathered sum are formed in float, rounded once to the input's dtype,
+// which the result and the gradient have.
 //
 //   OH = (H + 2 * padding.h - kernel.h) / stride.h + 1   (likewise OW)
 //

@@ -1,8 +1,11 @@
 // reduce.hpp: reductions on tensors and on the tape: sum_to (the reverse of broadcasting), sum, mean
 // and amax over all elements or over axes, and the broadcast copy that is their gradient.
 //
-// Every function works on float32 and float64, on the CPU and on CUDA devices (the result lives on
-// the input's device, with its dtype; float32 is accumulated in double). Results are contiguous.
+// Every function works on float32, float64, bfloat16 and float16, on the CPU and on CUDA devices
+// (the result lives on the input's device, with its dtype, as in PyTorch). Sums and means accumulate
+// in double whatever the dtype; maxima and the counts of tied maxima are taken in float for the 16-bit
+// dtypes, whose values are read directly (no float32 copy) and rounded once, on the store. Gradients
+// have the input's dtype. Results are contiguous.
 //
 // Axes: a list of dimensions, negative ones counting from the back (-1 is the last). A duplicate or
 // out-of-range axis is a dualcast::Error naming the op, the axis and the shape. An empty list
