@@ -101,7 +101,11 @@ def _resnet(folder, gpu, batch, method):
             raise HeadlineError("%s/%s: not an fp32 step on an %s" % (folder, name, gpu))
     if ours["device_name"] != torch["device_name"]:
         raise HeadlineError("%s: dualcast and PyTorch ran on different GPUs" % folder)
-    if "tf32 off" not in torch.get("precision", "") or not torch.get("validation", {}).get("ok"):
+    # peer_torch.py once wrote its settings under "precision"; now the name (fp32, ...) is there and
+    # the settings under "precision_settings".
+    settings = torch.get("precision_settings", torch.get("precision", ""))
+    name = torch.get("precision") if "precision_settings" in torch else "fp32"
+    if name != "fp32" or "tf32 off" not in settings or not torch.get("validation", {}).get("ok"):
         raise HeadlineError("%s: PyTorch's run is not float32 (TF32 off) or its validation failed" % folder)
     r = next((r for r in ours.get("results", []) if r.get("batch") == batch), None)
     step = r.get(method) if r and method == "captured" else r

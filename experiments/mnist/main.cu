@@ -30,6 +30,7 @@
 #include "dualcast/optim.hpp"
 #include "../common/cli.hpp"
 #include "../common/json.hpp"
+#include "../common/precision.hpp"
 #include "model.hpp"
 
 namespace {
@@ -56,11 +57,17 @@ options:
   --batch N                 minibatch size, 1..training-set size (default 100)
   --seed N                  weight init and shuffling seed (default 0)
   --device cpu|cuda|cuda:K  (default cpu)
+  --precision fp32|tf32|bf16|fp16
+                            fp32 (default): float32, TF32 off; tf32: TF32 matmuls; bf16, fp16: the
+                            forward pass under Autocast (matmuls in the 16-bit dtype, bias, ReLU and
+                            the loss in float32, float32 master weights, optimizer unchanged). fp16
+                            runs without loss scaling: dualcast has no GradScaler yet, so gradients
+                            below float16's range flush to zero (bf16 needs none)
   --data DIR                directory of {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]
                             (default /usr/share/datasets/fashion-mnist, Debian dataset-fashion-mnist)
   --out DIR                 write DIR/NAME.json and DIR/NAME.csv with the per-epoch metrics
-  --name NAME               file stem for --out (default MODEL_OPTIMIZER[_SCHEDULE]_DEVICE, e.g.
-                            mlp_sgd_cpu, mlp_adam_cosine_cuda-0)
+  --name NAME               file stem for --out (default MODEL_OPTIMIZER[_SCHEDULE]_DEVICE[_PRECISION],
+                            e.g. mlp_sgd_cpu, mlp_adam_cosine_cuda-0, mlp_sgd_cuda-0_bf16)
   --max-steps-per-epoch N   stop each epoch after N steps (smoke tests)
   --eval-batch N            rows per forward pass when evaluating (default 1000)
   --quiet                   no progress bar
@@ -87,6 +94,7 @@ struct Options {
   std::int64_t batch = 100;
   std::uint64_t seed = 0;
   std::string device = "cpu";
+  dcexp::Precision precision = dcexp::Precision::fp32;
   std::string data = dualcast::data::kFashionMnistDir;
   std::string out;
   std::string name;
@@ -131,6 +139,7 @@ Options parse(int argc, char** argv, bool& help) {
     else if (a == "--batch") o.batch = parse_int(a, next(), std::numeric_limits<std::int64_t>::min());
     else if (a == "--seed") o.seed = static_cast<std::uint64_t>(parse_int(a, next(), 0));
     else if (a == "--device") o.device = next();
+    else if (a == "--precision") o.precision = dcexp::cli::parse_precision(next());
     else if (a == "--data") o.data = next();
     else if (a == "--out") o.out = next();
     else if (a == "--name") o.name = next();
@@ -196,7 +205,7 @@ struct EpochMetrics {
 /// Test loss and accuracy: forward passes of eval_batch rows without a tape; softmax cross-entropy
 /// and argmax of the logits on the host in double.
 void evaluate(const mnist::Model& model, const dualcast::Dataset& test, std::int64_t eval_batch,
-              double& loss, double& accuracy) {
+              dcexp::Precision precision, double& loss, double& accuracy) {
   dualcast::NoGradGuard no_grad;
   const std::int64_t n = test.size();
   std::vector<std::int64_t> all(static_cast<std::size_t>(n));
@@ -209,7 +218,8 @@ void evaluate(const mnist::Model& model, const dualcast::Dataset& test, std::int
     const Tensor idx = mnist::index_tensor(all, static_cast<std::size_t>(start), static_cast<std::size_t>(stop),
                                     test.images.device());
     const Tensor x = mnist::gather_rows(test.images, idx);
-    const std::vector<float> logits = model.forward(Var(x)).value().to_vector<float>();
+    const Var z = dcexp::autocast_forward(precision, [&] { return model.forward(Var(x)); });
+    const std::vector<float> logits = dcexp::float32(z).value().to_vector<float>();
     mnist::score_logits(logits, stop - start, labels, start, total_loss, correct);
   }
   loss = total_loss / static_cast<double>(n);
@@ -229,6 +239,7 @@ void write_outputs(const Options& o, const std::string& device_str, const std::s
     std::string dev = device_str;
     std::replace(dev.begin(), dev.end(), ':', '-');
     stem = o.model + "_" + o.optimizer + (o.schedule == "constant" ? "" : "_" + o.schedule) + "_" + dev;
+    if (o.precision != dcexp::Precision::fp32) stem += std::string("_") + dcexp::precision_name(o.precision);
   }
   const std::string csv_path = (fs::path(o.out) / (stem + ".csv")).string();
   const std::string json_path = (fs::path(o.out) / (stem + ".json")).string();
@@ -255,6 +266,7 @@ void write_outputs(const Options& o, const std::string& device_str, const std::s
   js["schedule"] = o.schedule;
   js["momentum"] = o.momentum;
   js["weight_decay"] = o.weight_decay;
+  js["precision"] = dcexp::precision_name(o.precision);
   js["batch"] = o.batch;
   js["epochs"] = epochs.size();
   js["seed"] = o.seed;
@@ -295,6 +307,7 @@ void write_outputs(const Options& o, const std::string& device_str, const std::s
 
 int run(const Options& o) {
   const Device device = parse_device(o.device);
+  const dcexp::PrecisionScope precision(o.precision);
 
   const auto t_load = std::chrono::steady_clock::now();
   dualcast::Dataset train = dualcast::load_fashion_mnist(o.data, true);
@@ -322,6 +335,7 @@ int run(const Options& o) {
               o.model.c_str(), static_cast<long long>(model.num_params()), o.optimizer.c_str(), o.lr,
               o.schedule.c_str(),
               static_cast<long long>(o.batch), o.epochs, static_cast<unsigned long long>(o.seed));
+  std::printf("precision %s\n", dcexp::precision_text(o.precision));
   std::printf("device %s (%s); data %s: %lld train, %lld test, loaded in %.2f s\n",
               device.str().c_str(), dualcast::device_name(device).c_str(), o.data.c_str(),
               static_cast<long long>(n), static_cast<long long>(test.size()), load_seconds);
@@ -349,7 +363,8 @@ int run(const Options& o) {
         opt->set_lr(o.lr * 0.5 * (1.0 + std::cos(3.14159265358979323846 * t)));
       }
       opt->zero_grad();
-      Var loss = dualcast::cross_entropy(model.forward(Var(x)), y);
+      const Var logits = dcexp::autocast_forward(o.precision, [&] { return model.forward(Var(x)); });
+      Var loss = dualcast::cross_entropy(dcexp::float32(logits), y);
       loss.backward();
       opt->step();
       const double l = loss.item();
@@ -371,7 +386,7 @@ int run(const Options& o) {
     m.train_loss = loss_sum / static_cast<double>(steps);
     m.train_seconds = std::chrono::duration<double>(t1 - t0).count();
     m.train_cpu_seconds = static_cast<double>(c1 - c0) / CLOCKS_PER_SEC;
-    evaluate(model, test, o.eval_batch, m.test_loss, m.test_accuracy);
+    evaluate(model, test, o.eval_batch, o.precision, m.test_loss, m.test_accuracy);
     m.eval_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
     const auto stats = dualcast::memory_stats(device);
     m.malloc_calls = stats.device_malloc_calls;

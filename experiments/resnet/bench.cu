@@ -3,7 +3,8 @@
 // reproduce, as .npy files).
 //
 // The step is zero_grad, forward in training mode, softmax cross-entropy, backward, SGD with momentum
-// 0.9 and weight decay 5e-4: what experiments/resnet/peer_torch.py times for PyTorch. On a CUDA device
+// 0.9 and weight decay 5e-4: what experiments/resnet/peer_torch.py times for PyTorch, at the same
+// --precision (the forward under Autocast for bf16/fp16, the loss on float32 logits). On a CUDA device
 // each repetition starts from an idle GPU and is timed by CUDA events on dualcast's stream
 // (experiments/common/gpu_timing.hpp); the allocator's cudaMalloc count is read around the timed
 // repetitions to show that a warm step allocates nothing new.
@@ -70,10 +71,12 @@ struct Step {
   const Batch& batch;
   Fusion fusion;
   double label_smoothing;
+  dcexp::Precision precision;
   Tensor loss;
   void operator()() {
     opt.zero_grad();
-    Var l = classification_loss(model.forward(Var(batch.x), true, fusion), batch.y, label_smoothing);
+    const Var logits = dcexp::autocast_forward(precision, [&] { return model.forward(Var(batch.x), true, fusion); });
+    Var l = classification_loss(dcexp::float32(logits), batch.y, label_smoothing);
     l.backward();
     opt.step();
     loss = l.value();
@@ -119,11 +122,13 @@ json time_captured(Device device, Step& step, const Options& o, std::int64_t B) 
 
 int run_bench(const Options& o) {
   const Device device = dcexp::cli::parse_device(o.device);
+  const dcexp::PrecisionScope precision(o.precision);
   json results = json::array();
-  std::printf("resnet_train --bench: ResNet-18 width %lld on %s (%s), convolutions: %s, %s elementwise\n",
+  std::printf("resnet_train --bench: ResNet-18 width %lld on %s (%s), convolutions: %s, %s elementwise, "
+              "precision %s\n",
               static_cast<long long>(o.width), device.str().c_str(), dualcast::device_name(device).c_str(),
               dualcast::conv_backend_name(device).c_str(),
-              o.fusion == Fusion::fused ? "fused" : "composed");
+              o.fusion == Fusion::fused ? "fused" : "composed", dcexp::precision_text(o.precision));
   std::printf("%8s %12s %12s %12s %14s %10s\n", "batch", "median ms", "p10 ms", "p90 ms", "images/s",
               "mallocs");
   for (const std::int64_t B : o.bench) {
@@ -132,7 +137,7 @@ int run_bench(const Options& o) {
     const Model model = Model::create(cfg, device, o.seed);
     dualcast::SGD opt(model.params(), 0.01, 0.9, 5e-4);
     const Batch batch = random_batch(B, cfg.classes, device, o.seed + 7);
-    Step step{model, opt, batch, o.fusion, o.label_smoothing, Tensor()};
+    Step step{model, opt, batch, o.fusion, o.label_smoothing, o.precision, Tensor()};
     // The first steps search cuDNN's algorithms and fill the allocator's cache: warm up before
     // counting allocations.
     for (int i = 0; i < 3; ++i) step();
@@ -175,8 +180,10 @@ int run_bench(const Options& o) {
     namespace fs = std::filesystem;
     fs::create_directories(o.out);
     json js = json::object();
-    js["what"] = "one ResNet-18 training step (forward, cross-entropy, backward, SGD momentum 0.9, weight decay 5e-4), fp32";
+    js["what"] = std::string("one ResNet-18 training step (forward, cross-entropy, backward, SGD momentum 0.9, "
+                             "weight decay 5e-4), ") + dcexp::precision_name(o.precision);
     js["framework"] = "dualcast";
+    js["precision"] = dcexp::precision_name(o.precision);
     // The method's name says what differs from the default (fused elementwise, cuDNN, Find, direct
     // sums in the forward and FFT or Winograd allowed in the backward).
     std::string method = o.fusion == Fusion::fused ? "eager" : "eager_composed";
@@ -201,7 +208,9 @@ int run_bench(const Options& o) {
     js["conv_backend"] = dualcast::conv_backend_name(device);
     js["time_utc"] = dcexp::iso_time();
     js["results"] = std::move(results);
-    const std::string stem = o.name.empty() ? "dualcast_resnet" : o.name;
+    std::string stem = o.name.empty() ? "dualcast_resnet" : o.name;
+    if (o.name.empty() && o.precision != dcexp::Precision::fp32)
+      stem += std::string("_") + dcexp::precision_name(o.precision);
     const std::string path = (fs::path(o.out) / (stem + "_bench.json")).string();
     dcexp::write_json_file(path, js);
     std::printf("wrote %s\n", path.c_str());

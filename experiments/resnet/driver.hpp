@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/precision.hpp"
 #include "dualcast/device.hpp"
 #include "model.hpp"
 
@@ -27,6 +28,7 @@ struct Options {
   double momentum = 0.9;
   double weight_decay = 5e-4;
   double label_smoothing = 0.0;
+  dcexp::Precision precision = dcexp::Precision::fp32;  ///< --precision (experiments/common/precision.hpp)
   int epochs = 10;
   std::int64_t batch = 128;
   std::int64_t eval_batch = 500;

@@ -67,7 +67,16 @@ training:
   --max-steps-per-epoch N   cut every epoch short (smoke tests)
   --seed N                  weights, subset, shuffling and augmentation (default 0)
   --device cpu|cuda|cuda:K  (default cpu)
-  --out DIR, --name STEM    write DIR/STEM.csv and DIR/STEM.json (stem default resnet_wW_DEVICE)
+  --precision fp32|tf32|bf16|fp16
+                            fp32 (default): float32, TF32 off; tf32: TF32 convolutions and matmuls;
+                            bf16, fp16: the forward pass under Autocast (convolutions and the head in
+                            the 16-bit dtype, batch norm statistics and the loss in float32, float32
+                            master weights, optimizer unchanged). fp16 runs without loss scaling:
+                            dualcast has no GradScaler yet, so gradients below float16's range flush
+                            to zero (bf16 has float32's range and needs none). Applies to training,
+                            evaluation and --bench; --export is the fp32 step only
+  --out DIR, --name STEM    write DIR/STEM.csv and DIR/STEM.json (stem default resnet_wW_DEVICE,
+                            with _PRECISION appended for a precision other than fp32)
   --expect-loss-decrease    exit with status 1 unless the last epoch's training loss is below the first's
   --quiet                   no progress lines
 benchmark and validation (no data needed):
@@ -133,6 +142,7 @@ Options parse(int argc, char** argv, bool& help) {
     else if (a == "--max-steps-per-epoch") o.max_steps = parse_int(a, next(), 1);
     else if (a == "--seed") o.seed = static_cast<std::uint64_t>(parse_int(a, next(), 0));
     else if (a == "--device") o.device = next();
+    else if (a == "--precision") o.precision = dcexp::cli::parse_precision(next());
     else if (a == "--out") o.out = next();
     else if (a == "--name") o.name = next();
     else if (a == "--expect-loss-decrease") { flag(); o.expect_loss_decrease = true; }
@@ -157,6 +167,9 @@ Options parse(int argc, char** argv, bool& help) {
   if (!(o.weight_decay >= 0 && std::isfinite(o.weight_decay))) throw UsageError("--weight-decay: must be a finite number >= 0");
   if (!(o.label_smoothing >= 0 && o.label_smoothing < 1)) throw UsageError("--label-smoothing: must lie in [0, 1)");
   if (o.batch < 1) throw UsageError("--batch: " + std::to_string(o.batch) + " must be at least 1");
+  // peer_torch.py's validation judges the float32 step against float32 and float64 tolerances.
+  if (!o.export_dir.empty() && o.precision != dcexp::Precision::fp32)
+    throw UsageError("--export writes the fp32 step for peer_torch.py's validation; run it without --precision");
   return o;
 }
 
@@ -193,7 +206,8 @@ void evaluate(const resnet::Model& model, const dualcast::Dataset& test, std::in
     const Tensor idx = mnist::index_tensor(rows, static_cast<std::size_t>(start), static_cast<std::size_t>(stop),
                                     test.images.device());
     const Tensor x = resnet::gather_batch(test.images, idx, test.rows, test.cols, plain, 0, 0);
-    const std::vector<float> z = model.forward(Var(x), false, o.fusion).value().to_vector<float>();
+    const Var logits = dcexp::autocast_forward(o.precision, [&] { return model.forward(Var(x), false, o.fusion); });
+    const std::vector<float> z = dcexp::float32(logits).value().to_vector<float>();
     mnist::score_logits(z, stop - start, labels, start, total, correct);
   }
   loss = total / static_cast<double>(n);
@@ -234,6 +248,7 @@ void write_outputs(const Options& o, const std::string& stem, Device device, con
   js["momentum"] = o.momentum;
   js["weight_decay"] = o.weight_decay;
   js["label_smoothing"] = o.label_smoothing;
+  js["precision"] = dcexp::precision_name(o.precision);
   js["augment_pad"] = static_cast<long long>(o.augment.pad);
   js["augment_flip"] = o.augment.flip;
   js["batch"] = static_cast<long long>(o.batch);
@@ -277,6 +292,7 @@ void write_outputs(const Options& o, const std::string& stem, Device device, con
 
 int run_training(const Options& o) {
   const Device device = dcexp::cli::parse_device(o.device);
+  const dcexp::PrecisionScope precision(o.precision);
   const auto t_load = std::chrono::steady_clock::now();
   dualcast::Dataset train = dualcast::load_fashion_mnist(o.data, true);
   dualcast::Dataset test = dualcast::load_fashion_mnist(o.data, false);
@@ -311,6 +327,7 @@ int run_training(const Options& o) {
               o.optimizer.c_str(), o.lr, o.schedule.c_str(), o.momentum, o.weight_decay, o.label_smoothing,
               static_cast<long long>(o.batch), o.epochs, static_cast<long long>(o.augment.pad),
               o.augment.flip ? "on" : "off", static_cast<unsigned long long>(o.seed));
+  std::printf("precision %s\n", dcexp::precision_text(o.precision));
   std::printf("device %s (%s), convolutions: %s; data %s: %lld of %lld train, %lld test, loaded in %.2f s\n",
               device.str().c_str(), dualcast::device_name(device).c_str(),
               dualcast::conv_backend_name(device).c_str(), o.data.c_str(), static_cast<long long>(n),
@@ -339,7 +356,8 @@ int run_training(const Options& o) {
       lr = lr_at(o, static_cast<double>((epoch - 1) * steps + s) / total_steps);
       opt->set_lr(lr);
       opt->zero_grad();
-      Var loss = resnet::classification_loss(model.forward(Var(x), true, o.fusion), y, o.label_smoothing);
+      const Var logits = dcexp::autocast_forward(o.precision, [&] { return model.forward(Var(x), true, o.fusion); });
+      Var loss = resnet::classification_loss(dcexp::float32(logits), y, o.label_smoothing);
       loss.backward();
       opt->step();
       const double l = loss.item();
@@ -385,6 +403,7 @@ int run_training(const Options& o) {
     std::string dev = device.str();
     std::replace(dev.begin(), dev.end(), ':', '-');
     stem = "resnet_w" + std::to_string(o.width) + "_" + dev;
+    if (o.precision != dcexp::Precision::fp32) stem += std::string("_") + dcexp::precision_name(o.precision);
   }
   if (!o.out.empty()) write_outputs(o, stem, device, model, n, n_test, load_seconds, history);
   if (o.expect_loss_decrease) {

@@ -6,6 +6,7 @@
 
 #include "dualcast/channel_broadcast.hpp"
 #include "dualcast/error.hpp"
+#include "dualcast/ops/cast.hpp"
 #include "dualcast/ops/elementwise.hpp"
 #include "dualcast/ops/linalg.hpp"
 #include "dualcast/ops/loss.hpp"
@@ -37,13 +38,18 @@ BatchNormLayer make_bn(std::int64_t c, Device device) {
           Tensor::zeros(Shape{c}, DType::float32, device), Tensor::ones(Shape{c}, DType::float32, device)};
 }
 
+// Under Autocast a convolution returns a 16-bit result, and batch norm statistics are float32
+// work (summing a channel in 16 bits loses it): they are taken of a float32 copy. cast() returns a
+// float32 input itself, so the float32 path is unchanged. The fused apply reads the 16-bit result
+// directly (channel_broadcast promotes it with the float32 statistics and returns float32).
 BatchNormStats stats(const Var& x, const BatchNormLayer& bn, bool training, const Config& c) {
-  return dualcast::batch_norm_stats(x, bn.running_mean, bn.running_var, training, c.bn_momentum, c.bn_eps);
+  return dualcast::batch_norm_stats(dualcast::cast(x, DType::float32), bn.running_mean, bn.running_var,
+                                    training, c.bn_momentum, c.bn_eps);
 }
 
 Var bn_composed(const Var& x, const BatchNormLayer& bn, bool training, const Config& c) {
-  return dualcast::batch_norm(x, bn.gamma, bn.beta, bn.running_mean, bn.running_var, training,
-                              c.bn_momentum, c.bn_eps);
+  return dualcast::batch_norm(dualcast::cast(x, DType::float32), bn.gamma, bn.beta, bn.running_mean,
+                              bn.running_var, training, c.bn_momentum, c.bn_eps);
 }
 
 /// relu(bn(conv(x))).

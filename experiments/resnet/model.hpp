@@ -64,7 +64,10 @@ class Model {
   static Model create(const Config& config, Device device, std::uint64_t seed);
 
   /// Logits [N, classes] of images [N, in_channels, H, W]. `training` uses batch statistics (and
-  /// updates the running ones); evaluation uses the running statistics.
+  /// updates the running ones); evaluation uses the running statistics. Under dualcast::Autocast the
+  /// convolutions and the head's matmul run in the 16-bit dtype and everything else in float32 (batch
+  /// norm statistics on float32 copies); the logits come back float32 (the head's float32 bias
+  /// promotes them).
   [[nodiscard]] Var forward(const Var& x, bool training, Fusion fusion = Fusion::fused) const;
 
   /// Every parameter, in a fixed order.

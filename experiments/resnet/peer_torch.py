@@ -3,6 +3,7 @@
 
     python3 experiments/resnet/peer_torch.py --export DIR --out results/resnet/torch_bench.json \
         [--batches 128,256] [--methods eager,compile] [--reps 30] [--warmup 10] [--profile METHOD:BATCH]
+        [--precision fp32|tf32|bf16|fp16]
 
 1. Validation (--export DIR, written by `resnet_train --export DIR`): the same ResNet-18 (CIFAR form,
    one input channel, PyTorch names) is loaded with dualcast's initial weights and running statistics
@@ -17,8 +18,13 @@
 2. Timing: one training step (zero_grad, forward, cross-entropy, backward, SGD with momentum 0.9 and
    weight decay 5e-4, foreach) at each batch size, for each method: `eager` (cuDNN, cudnn.benchmark
    on: algorithms found per shape as dualcast does) and `compile` (torch.compile of the model, default
-   mode; AOTAutograd compiles the backward). fp32 throughout, TF32 off (torch.backends.cuda.matmul
-   .allow_tf32 = False, torch.backends.cudnn.allow_tf32 = False). Each repetition starts from an idle
+   mode; AOTAutograd compiles the backward), at --precision (what resnet_train --precision means):
+   fp32 (default): TF32 off (torch.backends.cuda.matmul.allow_tf32 = False, cudnn.allow_tf32 = False,
+   matmul precision "highest"); tf32: both on, matmul precision "high"; bf16, fp16: TF32 off, the
+   forward and loss under torch.autocast("cuda", dtype=torch.bfloat16 / torch.float16), model and
+   batch in channels_last (cuDNN's 16-bit tensor-core convolutions are NHWC kernels: in NCHW each
+   convolution adds layout transposes), and for fp16 torch.amp.GradScaler (loss scaling; bf16 needs
+   none). The validation (step 1) is always the fp32 step. Each repetition starts from an idle
    GPU and is timed by CUDA events; `pipelined_ms` is reps back to back over one pair of events.
    --profile METHOD:BATCH brackets one extra step with cudaProfilerStart/Stop for
    `ncu --profile-from-start off` (breakdown.py sorts the kernels).
@@ -79,12 +85,22 @@ def build_model(width, in_channels=1, classes=10):
     return ResNet18()
 
 
-def set_precision(torch, benchmark):
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    torch.set_float32_matmul_precision("highest")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+
+
+def set_precision(torch, benchmark, precision="fp32"):
+    """The process-wide settings of `precision` (autocast and channels_last are per step: time_method);
+    returns them in words."""
+    tf32 = precision == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.set_float32_matmul_precision("high" if tf32 else "highest")
     torch.backends.cudnn.benchmark = benchmark
-    return "tf32 off; cudnn.benchmark %s" % ("on" if benchmark else "off")
+    words = "tf32 %s; cudnn.benchmark %s" % ("on" if tf32 else "off", "on" if benchmark else "off")
+    if precision in ("bf16", "fp16"):
+        words += "; torch.autocast %s, channels_last%s" % (
+            "bfloat16" if precision == "bf16" else "float16", ", GradScaler" if precision == "fp16" else "")
+    return words
 
 
 def rel_err(a, b):
@@ -196,22 +212,36 @@ def percentile(v, q):
     return float(np.percentile(np.asarray(v), q))
 
 
-def time_method(torch, method, batch, width, reps, warmup, profile):
+def time_method(torch, method, batch, width, reps, warmup, profile, precision="fp32"):
+    import contextlib
+
     import torch.nn.functional as F
 
     torch.manual_seed(0)
+    half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     model = build_model(width).cuda()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4, foreach=True)
     x = torch.randn(batch, 1, 28, 28, device="cuda")
+    if half is not None:
+        model = model.to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4, foreach=True)
     y = torch.randint(0, 10, (batch,), device="cuda")
     fwd = torch.compile(model) if method == "compile" else model
     model.train()
+    autocast = (lambda: torch.autocast("cuda", dtype=half)) if half is not None else contextlib.nullcontext
+    scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
 
     def step():
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(fwd(x), y)
-        loss.backward()
-        opt.step()
+        with autocast():
+            loss = F.cross_entropy(fwd(x), y)  # autocast runs cross_entropy in float32
+        if scaler is None:
+            loss.backward()
+            opt.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
         return loss
 
     t0 = time.perf_counter()
@@ -248,6 +278,7 @@ def time_method(torch, method, batch, width, reps, warmup, profile):
            "pipelined_ms": pipelined, "images_per_s": batch / (med * 1e-3),
            "images_per_s_pipelined": batch / (pipelined * 1e-3), "warmup": warmup, "reps": reps,
            "warmup_seconds": warm_s, "loss_after": float(loss.item()), "profiled_step": bool(profile),
+           "precision": precision,
            "peak_memory_bytes": int(torch.cuda.max_memory_allocated())}
     del fwd, model, opt
     torch.cuda.empty_cache()
@@ -267,11 +298,13 @@ def main():
     ap.add_argument("--no-cudnn-benchmark", action="store_true", help="heuristic cuDNN algorithms")
     ap.add_argument("--profile", default="", help="METHOD:BATCH: bracket one step for ncu")
     ap.add_argument("--time-budget", type=float, default=0, help="seconds; later measurements are skipped")
+    ap.add_argument("--precision", default="fp32", choices=PRECISIONS,
+                    help="of the timed steps (as resnet_train --precision); validation is always fp32")
     args = ap.parse_args()
     t_start = time.perf_counter()
     rec = {"framework": "pytorch", "what": "one ResNet-18 training step (forward, cross-entropy, backward, "
-           "SGD momentum 0.9, weight decay 5e-4), fp32", "input": "[B, 1, 28, 28]", "width": args.width,
-           "results": []}
+           "SGD momentum 0.9, weight decay 5e-4), " + args.precision, "input": "[B, 1, 28, 28]",
+           "width": args.width, "precision": args.precision, "results": []}
     try:
         import torch
     except ImportError:
@@ -285,7 +318,8 @@ def main():
         json.dump(rec, open(args.out, "w"), indent=1)
         print("peer_torch: no CUDA device; nothing measured")
         return 0
-    rec["precision"] = set_precision(torch, not args.no_cudnn_benchmark)
+    # Earlier records held these words under "precision" (always fp32 then); now it is the name.
+    rec["precision_settings"] = set_precision(torch, not args.no_cudnn_benchmark)
     rec["cudnn_version"] = torch.backends.cudnn.version()
     rec["device_name"] = torch.cuda.get_device_name(0)
     rc = 0
@@ -303,6 +337,7 @@ def main():
                  or "none"), flush=True)
         if not v["ok"]:
             rc = 1
+    rec["precision_settings"] = set_precision(torch, not args.no_cudnn_benchmark, args.precision)
     profile = args.profile.split(":") if args.profile else None
     for method in [m for m in args.methods.split(",") if m]:
         for b in [int(s) for s in args.batches.split(",") if s]:
@@ -311,7 +346,7 @@ def main():
                 continue
             try:
                 r = time_method(torch, method, b, args.width, args.reps, args.warmup,
-                                bool(profile and profile[0] == method and int(profile[1]) == b))
+                                bool(profile and profile[0] == method and int(profile[1]) == b), args.precision)
             except Exception as exc:  # a failing method is recorded, the others still run
                 r = {"method": method, "batch": b, "status": "failed: %s" % exc}
                 rc = 1

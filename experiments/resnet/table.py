@@ -8,6 +8,11 @@ measured; --fusion composed gives method eager_composed) and one `peer_torch.py 
 and writes a Markdown table: per batch size and method, the median step time, images/s, and the ratio
 of each method's time to dualcast eager's; then the validation and the issue's targets (batch 256:
 dualcast eager faster than PyTorch eager, within 1.10x of torch.compile).
+
+Each record's `precision` (fp32, tf32, bf16, fp16: `--precision` of both drivers) is in the header;
+records written before the option existed have none, or (PyTorch's) a sentence of settings there,
+and were fp32. Records of several precisions get a precision column, and each time is compared with
+dualcast eager's at its own precision.
 """
 
 import argparse
@@ -15,7 +20,20 @@ import json
 import sys
 
 
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+HEADER = {"fp32": "fp32, TF32 off", "tf32": "tf32: TF32 convolutions and matmuls",
+          "bf16": "bf16: autocast, float32 master weights",
+          "fp16": "fp16: autocast, float32 master weights; PyTorch scales its loss, dualcast runs unscaled"}
+
+
+def precision_of(rec):
+    p = rec.get("precision", "fp32")
+    return p if p in PRECISIONS else "fp32"
+
+
 def rows_of(rec):
+    """(framework, method, batch, median ms or None, result) of a record; several precisions make the
+    batch a (batch, precision) pair."""
     out = []
     fw = rec.get("framework", "?")
     for r in rec.get("results", []):
@@ -37,21 +55,32 @@ def main():
     ap.add_argument("-o", "--out")
     args = ap.parse_args()
     recs = [json.load(open(p)) for p in args.records]
-    rows = [row for rec in recs for row in rows_of(rec)]
+    precisions = sorted({precision_of(rec) for rec in recs}, key=PRECISIONS.index)
+    mixed = len(precisions) > 1
+    # With several precisions, rows are keyed by (batch, precision) so that each is compared with its own.
+    rows = [(fw, m, (b, precision_of(rec)) if mixed else b, ms, r)
+            for rec in recs for fw, m, b, ms, r in rows_of(rec)]
     base = {b: ms for fw, m, b, ms, _ in rows if fw == "dualcast" and m == "eager" and ms}
     lines = []
     dev = [r.get("device_name") for r in recs if r.get("device_name")]
-    lines.append("ResNet-18 (CIFAR form, 1x28x28 inputs, fp32, TF32 off) training step on %s"
-                 % (", ".join(sorted(set(dev))) or "?"))
+    lines.append("ResNet-18 (CIFAR form, 1x28x28 inputs, %s) training step on %s"
+                 % ("; ".join(HEADER[p] for p in precisions), ", ".join(sorted(set(dev))) or "?"))
     lines.append("")
-    lines.append("| batch | framework | method | median ms | images/s | time / dualcast eager |")
-    lines.append("|---:|---|---|---:|---:|---:|")
-    for fw, m, b, ms, r in sorted(rows, key=lambda t: (t[2], t[0] != "dualcast", t[1])):
+    if mixed:
+        lines.append("| batch | precision | framework | method | median ms | images/s | time / dualcast eager |")
+        lines.append("|---:|---|---|---|---:|---:|---:|")
+    else:
+        lines.append("| batch | framework | method | median ms | images/s | time / dualcast eager |")
+        lines.append("|---:|---|---|---:|---:|---:|")
+    order = lambda b: (b[0], PRECISIONS.index(b[1])) if mixed else b
+    for fw, m, b, ms, r in sorted(rows, key=lambda t: (order(t[2]), t[0] != "dualcast", t[1])):
+        lead = "%d | %s" % b if mixed else "%d" % b
+        n = b[0] if mixed else b
         if ms is None:
-            lines.append("| %d | %s | %s | %s | | |" % (b, fw, m, r.get("status", "?")))
+            lines.append("| %s | %s | %s | %s | | |" % (lead, fw, m, r.get("status", "?")))
             continue
         ratio = ("%.2fx" % (ms / base[b])) if b in base else ""
-        lines.append("| %d | %s | %s | %.2f | %.0f | %s |" % (b, fw, m, ms, b / (ms * 1e-3), ratio))
+        lines.append("| %s | %s | %s | %.2f | %.0f | %s |" % (lead, fw, m, ms, n / (ms * 1e-3), ratio))
     for rec in recs:
         v = rec.get("validation")
         if v:
@@ -76,17 +105,20 @@ def main():
         lines.append("")
         lines.append("Convolutions: " + "; ".join("%s: %s" % mb for mb in backends) + ".")
     t = {(fw, m, b): ms for fw, m, b, ms, _ in rows if ms}
-    if ("dualcast", "eager", 256) in t:
-        d = t[("dualcast", "eager", 256)]
+    for k in [(256, p) for p in precisions] if mixed else [256]:
+        if ("dualcast", "eager", k) not in t:
+            continue
+        d = t[("dualcast", "eager", k)]
+        at = "batch 256, %s" % k[1] if mixed else "batch 256"
         lines.append("")
-        if ("pytorch", "eager", 256) in t:
-            e = t[("pytorch", "eager", 256)]
-            lines.append("Target, batch 256: faster than PyTorch eager: %s (%.2f vs %.2f ms, %.2fx)."
-                         % ("met" if d < e else "MISSED", d, e, e / d))
-        if ("pytorch", "compile", 256) in t:
-            c = t[("pytorch", "compile", 256)]
-            lines.append("Target, batch 256: within 1.10x of torch.compile: %s (%.2fx)."
-                         % ("met" if d <= 1.10 * c else "MISSED", d / c))
+        if ("pytorch", "eager", k) in t:
+            e = t[("pytorch", "eager", k)]
+            lines.append("Target, %s: faster than PyTorch eager: %s (%.2f vs %.2f ms, %.2fx)."
+                         % (at, "met" if d < e else "MISSED", d, e, e / d))
+        if ("pytorch", "compile", k) in t:
+            c = t[("pytorch", "compile", k)]
+            lines.append("Target, %s: within 1.10x of torch.compile: %s (%.2fx)."
+                         % (at, "met" if d <= 1.10 * c else "MISSED", d / c))
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

@@ -54,6 +54,12 @@ Options:
                            validated first against dualcast's loss and gradients
   --peer-methods LIST      default eager,compile
   --python PATH            interpreter for the peer (default: the first python3 with torch)
+  --precision fp32|tf32|bf16|fp16
+                           of the timed steps and the training run (default fp32: float32, TF32 off;
+                           tf32: TF32 matmuls; bf16, fp16: the loss under Autocast, matmuls in the
+                           16-bit dtype, attention, layer norm and the loss in float32, float32 Adam
+                           weights; fp16 without loss scaling: dualcast has no GradScaler yet). The
+                           peer runs the same precision; the validations are always fp32
   --out DIR                output folder (default results/transformer)
   --help                   this text
 
@@ -72,6 +78,7 @@ struct Options {
   std::string peer_methods = "eager,compile";
   std::string python;
   std::string out = "results/transformer";
+  dcexp::Precision precision = dcexp::Precision::fp32;
 };
 
 Options parse(int argc, char** argv) {
@@ -110,6 +117,7 @@ Options parse(int argc, char** argv) {
     } else if (a == "--peer-methods") o.peer_methods = args.value();
     else if (a == "--python") o.python = args.value();
     else if (a == "--out") o.out = args.value();
+    else if (a == "--precision") o.precision = dcexp::cli::parse_precision(args.value());
     else throw dcexp::cli::UsageError("unknown option " + a + " (see --help)");
   }
   return o;
@@ -159,6 +167,7 @@ int run(const Options& o) {
   cfg.log_every = o.log_every > 0 ? o.log_every : std::max(1, cfg.steps / 20);
   cfg.warmup = o.warmup >= 0 ? o.warmup : (gpu ? 100 : 10);
   cfg.lr = o.lr;
+  cfg.precision = o.precision;
   const int step_reps = o.step_reps >= 0 ? o.step_reps : (gpu ? 20 : 3);
   std::filesystem::create_directories(o.out);
 
@@ -168,7 +177,10 @@ int run(const Options& o) {
   meta["device"] = dualcast::device_name(dev);
   meta["config"] = "layers " + std::to_string(cfg.model.layers) + " heads " + std::to_string(cfg.model.heads) +
                    " width " + std::to_string(cfg.model.width) + " context " + std::to_string(cfg.model.context) +
-                   " batch " + std::to_string(cfg.batch) + ", float32, Adam lr " + fmt("%g", cfg.lr);
+                   " batch " + std::to_string(cfg.batch) + ", " +
+                   (o.precision == dcexp::Precision::fp32 ? std::string("float32") : dcexp::precision_name(o.precision)) +
+                   ", Adam lr " + fmt("%g", cfg.lr);
+  meta["precision"] = dcexp::precision_name(o.precision);
   meta["attention_impl"] = dualcast::attention_impl_name(
       cfg.model.attention == AttentionImpl::automatic ? (gpu ? AttentionImpl::fused : AttentionImpl::composed)
                                                       : cfg.model.attention);
@@ -177,7 +189,9 @@ int run(const Options& o) {
 
   // ---- 1. validation --------------------------------------------------------------------------
   if (gpu) {
-    const ImplComparison c = compare_attention_impls(cfg);
+    TrainConfig fp32 = cfg;  // fused against composed attention is judged in float32
+    fp32.precision = dcexp::Precision::fp32;
+    const ImplComparison c = compare_attention_impls(fp32);
     log_line("[validate] " + c.message);
     json v = json::object();
     v["fused_vs_composed"] = c.message;
@@ -229,7 +243,8 @@ int run(const Options& o) {
           " --heads " + std::to_string(cfg.model.heads) + " --width " + std::to_string(cfg.model.width) +
           " --context " + std::to_string(cfg.model.context) + " --batch " + std::to_string(cfg.batch) +
           " --lr " + fmt("%g", cfg.lr) + " --methods " + driver::shell_quote(o.peer_methods) + " --reps " +
-          std::to_string(step_reps) + (gpu ? "" : " --allow-cpu");
+          std::to_string(step_reps) + (gpu ? "" : " --allow-cpu") +
+          (o.precision == dcexp::Precision::fp32 ? "" : std::string(" --precision ") + dcexp::precision_name(o.precision));
       const json peer = driver::run_peer(o.python, args, o.out + "/peer_step.json");
       root["peers_raw"] = peer;
       using dcexp::member, dcexp::number_or, dcexp::string_or;

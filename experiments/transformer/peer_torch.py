@@ -5,9 +5,13 @@ training step as dualcast, timed on the same GPU after checking that they comput
     peer_torch.py attention --valdir DIR --seqs 128,... --heads 8 --head-dim 64 --tokens 32768
                             --causal 0,1 --reps 30 --warmup 5 --out FILE.json
     peer_torch.py step --valdir DIR --layers 4 --heads 4 --width 256 --context 128 --batch 64
-                       --lr 1e-3 --methods eager,compile --reps 20 --out FILE.json
+                       --lr 1e-3 --methods eager,compile --reps 20 [--precision P] --out FILE.json
 
-fp32 throughout, TF32 off (the legacy switches, as experiments/peers does). attention: whatever
+fp32 throughout, TF32 off (the legacy switches, as experiments/peers does), except step's timing
+at --precision (transformer_experiment --precision passes it): tf32 turns TF32 on for matmuls;
+bf16 and fp16 run the loss under torch.autocast("cuda", dtype=...) (float32 weights and Adam; fp16
+scales its loss with torch.amp.GradScaler; no channels_last: there are no convolutions). step's
+validation is always the fp32 step. attention: whatever
 backend torch.nn.functional.scaled_dot_product_attention picks for fp32 (recorded per record);
 validated against dualcast's dumped outputs and gradients (DIR/manifest.json, raw float32 arrays
 c{0,1}_{q,k,v,dout,out,dq,dk,dv} at S = 256, B = 2). step: forward, backward and an Adam update
@@ -24,6 +28,7 @@ that fails is recorded with "skipped": reason and the exit status stays 0.
 """
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -40,9 +45,14 @@ except ImportError:  # the driver only calls this script with a python that has 
     torch = None
 
 
-def set_precision():
+def set_precision(tf32=False):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        if tf32:
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+            torch.set_float32_matmul_precision("high")
+            return "tf32 on (legacy flags)"
         try:
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
@@ -258,7 +268,8 @@ def run_step(args, dev, cuda):
     if [n for n, _ in param_shapes(L, C, T, V, R)] != names:
         raise SystemExit("peer_torch.py: the validation directory's parameters are not this model's")
     for method in args.methods:
-        rec = {"method": method, "phase": "step"}
+        rec = {"method": method, "phase": "step", "precision": args.precision}
+        set_precision()  # the validation below is the fp32 step, whatever the timing's precision
         try:
             # ---- validation at the directory's size, dualcast's parameters and tokens ----
             loss_small = make_loss(L, H, C)
@@ -280,7 +291,11 @@ def run_step(args, dev, cuda):
             rec["note"] = "loss and %d gradients vs dualcast at L=%d C=%d T=%d: max rel err %.2e (%s)" % (
                 len(names), L, C, T, max(errs), worst)
             del params, tokens, loss
-            # ---- timing at the requested size ----
+            # ---- timing at the requested size, at --precision ----
+            set_precision(tf32=args.precision == "tf32")
+            half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
+            scaler = torch.amp.GradScaler("cuda") if args.precision == "fp16" else None
+            autocast = (lambda: torch.autocast(dev.type, dtype=half)) if half is not None else contextlib.nullcontext
             shapes = param_shapes(args.layers, args.width, args.context, V, R)
             params = init_params(shapes, args.layers, dev, 1)
             opt = torch.optim.Adam(params, lr=args.lr)
@@ -291,9 +306,15 @@ def run_step(args, dev, cuda):
             sets = [torch.randint(0, V, (args.context + 1, args.batch), device=dev, generator=gen) for _ in range(3)]
 
             def step(k):
-                loss = fn(params, sets[k % 3])
-                loss.backward()
-                opt.step()
+                with autocast():
+                    loss = fn(params, sets[k % 3])  # autocast computes the cross-entropy in float32
+                if scaler is None:
+                    loss.backward()
+                    opt.step()
+                else:
+                    scaler.scale(loss).backward()
+                    scaler.step(opt)
+                    scaler.update()
 
             def prepare(_):
                 opt.zero_grad(set_to_none=True)
@@ -328,6 +349,8 @@ def main():
     ap.add_argument("--methods", default="eager,compile")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--precision", default="fp32", choices=("fp32", "tf32", "bf16", "fp16"),
+                    help="step: of the timed steps (validation is always fp32)")
     ap.add_argument("--allow-cpu", action="store_true", help="run on the CPU when there is no GPU (tests only)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -341,7 +364,7 @@ def main():
         raise SystemExit("peer_torch.py: no CUDA device (pass --allow-cpu to run on the CPU)")
     dev = torch.device("cuda" if cuda else "cpu")
     meta = {"torch": torch.__version__, "device": torch.cuda.get_device_name(0) if cuda else "cpu",
-            "precision": set_precision(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            "precision": args.precision, "precision_settings": set_precision(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if args.what == "attention":
         records, notes = run_attention(args, dev, cuda)
         meta["validation"] = notes

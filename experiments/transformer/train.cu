@@ -66,6 +66,7 @@ struct Batches {
 }  // namespace
 
 TrainLog train(const TrainConfig& cfg, const std::function<void(int, double)>& progress) {
+  const dcexp::PrecisionScope precision(cfg.precision);
   check_config(cfg);
   const auto t_start = std::chrono::steady_clock::now();
   const Batches data(cfg);
@@ -80,7 +81,7 @@ TrainLog train(const TrainConfig& cfg, const std::function<void(int, double)>& p
   auto evaluate = [&] {
     NoGradGuard no_grad;
     double s = 0.0;
-    for (const Tensor& v : valid) s += model.loss(v).item();
+    for (const Tensor& v : valid) s += dcexp::autocast_forward(cfg.precision, [&] { return model.loss(v); }).item();
     return s / static_cast<double>(valid.size()) / kLn2;
   };
   double train_seconds = 0.0;
@@ -93,7 +94,7 @@ TrainLog train(const TrainConfig& cfg, const std::function<void(int, double)>& p
   };
   {
     NoGradGuard no_grad;
-    record(0, model.loss(data.train(0)).item() / kLn2);
+    record(0, dcexp::autocast_forward(cfg.precision, [&] { return model.loss(data.train(0)); }).item() / kLn2);
   }
   double loss_acc = 0.0;
   int since = 0;
@@ -102,7 +103,7 @@ TrainLog train(const TrainConfig& cfg, const std::function<void(int, double)>& p
     synchronize(cfg.model.device);
     const auto t0 = std::chrono::steady_clock::now();
     opt.set_lr(lr_at(cfg, step));
-    Var loss = model.loss(batch);
+    Var loss = dcexp::autocast_forward(cfg.precision, [&] { return model.loss(batch); });
     loss.backward();
     hmlstm::clip_grad_norm(model.params(), cfg.clip_norm);
     opt.step();
@@ -125,6 +126,7 @@ TrainLog train(const TrainConfig& cfg, const std::function<void(int, double)>& p
 }
 
 StepTiming time_training_step(const TrainConfig& cfg, int warmup, int reps) {
+  const dcexp::PrecisionScope precision(cfg.precision);
   check_config(cfg);
   const Batches data(cfg);
   Transformer model(cfg.model);
@@ -133,13 +135,14 @@ StepTiming time_training_step(const TrainConfig& cfg, int warmup, int reps) {
   StepTiming out;
   {
     NoGradGuard no_grad;
-    out.loss = model.loss(sets[0]).item();
+    out.loss = dcexp::autocast_forward(cfg.precision, [&] { return model.loss(sets[0]); }).item();
   }
   auto prepare = [&](int) { opt.zero_grad(); };
   // No gradient clipping here: dualcast's clip_grad_norm reads each norm back to the host, and the
   // PyTorch peer's timed step is forward, backward and the Adam update too.
   auto step = [&](int r) {
-    Var loss = model.loss(sets[static_cast<std::size_t>(r) % sets.size()]);
+    Var loss = dcexp::autocast_forward(cfg.precision,
+                                       [&] { return model.loss(sets[static_cast<std::size_t>(r) % sets.size()]); });
     loss.backward();
     opt.step();
   };

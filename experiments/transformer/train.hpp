@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/precision.hpp"
 #include "model.hpp"
 
 namespace transformer {
@@ -25,6 +26,10 @@ struct TrainConfig {
   double valid_fraction = 0.1;
   int valid_batches = 4;
   std::uint64_t data_seed = 7;
+  /// --precision: train() and time_training_step() run the loss under Autocast for bf16/fp16 (the
+  /// matmuls in 16 bits; the bias adds promote their results back to float32, so layer norm,
+  /// attention and the loss see float32) and with TF32 matmuls for tf32. Adam keeps float32 weights.
+  dcexp::Precision precision = dcexp::Precision::fp32;
 };
 
 struct TrainLog {
