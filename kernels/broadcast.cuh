@@ -35,7 +35,8 @@
 
 namespace dualcast::detail {
 
-/// V values of T moved as one aligned load/store (16 bytes for float x4, double x2 or bfloat16 x8).
+/// V values of T moved as one aligned load/store (16 bytes for float x4 or double x2, 8 bytes for
+/// bfloat16 x4).
 template <class T, int V>
 struct alignas(sizeof(T) * V) Packet {
   T v[V];
@@ -80,8 +81,8 @@ DUALCAST_HD DUALCAST_INLINE void static_for(std::integer_sequence<int, Is...>, F
 }
 
 /// Elements per chunk: 16 bytes of T, fewer for wide functions so partials stay in registers. T is
-/// the storage type: a 16-bit call moves 8 elements in one 16-byte packet (and computes them in
-/// float registers).
+/// the compute type: a 16-bit call has float32's chunks (the same registers per chunk, whose
+/// budget was tuned for float32), so its packets are 8 bytes.
 template <class T, int K>
 inline constexpr int chunk_width = (K <= 6 ? 16 : 8) / static_cast<int>(sizeof(T)) > 0
                                        ? (K <= 6 ? 16 : 8) / static_cast<int>(sizeof(T))
@@ -322,7 +323,7 @@ struct ForwardBody<S, K, M, DUAL, STORE, F, std::integer_sequence<int, Slots...>
   static constexpr int NA = sizeof...(Slots);
   static constexpr int NAX = NA > 0 ? NA : 1;
   static constexpr int KK = K > 0 ? K : 1;
-  static constexpr int V = chunk_width<S, K>;
+  static constexpr int V = chunk_width<T, K>;
   static constexpr bool device_only = is_device_only_lambda<F>;
   using scalar = T;   // what the CPU tiles (broadcast_cpu.cuh) need to know of a body
   using storage = S;
@@ -424,7 +425,7 @@ struct BackwardBody<S, K, M, STORE, F, std::integer_sequence<int, Slots...>> {
   using T = compute_t<S>;
   static constexpr int NA = sizeof...(Slots);
   static constexpr int NAX = NA > 0 ? NA : 1;
-  static constexpr int V = STORE ? chunk_width<S, K> : recompute_chunk_width<S, K>;
+  static constexpr int V = STORE ? chunk_width<T, K> : recompute_chunk_width<T, K>;
   static constexpr bool device_only = is_device_only_lambda<F>;
   using scalar = T;
   using storage = S;

@@ -11,7 +11,7 @@
 // per-channel ones; the S partial sums of each channel are added in a fixed order afterwards, so the
 // result does not depend on thread timing. Same code on CPU threads and in a CUDA grid. Tensors are
 // stored as S (float, double, bfloat16, float16) and computed on T = compute_t<S>: a 16-bit call
-// loads 8 elements per 16-byte packet, and its per-channel partial sums are kept in float.
+// has float32's chunks (8-byte packets), and its per-channel partial sums are kept in float.
 #pragma once
 
 #include <cstdint>
@@ -104,7 +104,7 @@ struct ChannelForwardBody<S, K, DUAL, F, std::integer_sequence<int, Slots...>> {
   using T = compute_t<S>;
   static constexpr int NA = sizeof...(Slots);
   static constexpr int NN = NA > 0 ? NA : 1;
-  static constexpr int V = cb_width<S>;
+  static constexpr int V = cb_width<T>;
   F f;
   ChannelOperands<T, NA, S> ops{};
   S* out = nullptr;
@@ -149,7 +149,7 @@ struct ChannelBackwardBody<St, K, F, std::integer_sequence<int, Slots...>> {
   using T = compute_t<St>;
   static constexpr int NA = sizeof...(Slots);
   static constexpr int NN = NA > 0 ? NA : 1;
-  static constexpr int V = cb_width<St, K>;
+  static constexpr int V = cb_width<T, K>;
   F f;
   ChannelOperands<T, NA, St> ops{};
   const St* adj = nullptr;

@@ -292,6 +292,15 @@ double Tensor::item() const {
 
 Tensor& Tensor::fill_(double value) {
   check_defined(*this, "Tensor::fill_", "self");
+  if (is_half(dtype_) && std::isfinite(value)) {
+    // A finite value that rounds to infinity is almost always a float16 range mistake (a loss
+    // scale, a large constant); infinity itself may be asked for.
+    const float stored = dtype_ == DType::float16 ? static_cast<float>(float16(value)) : static_cast<float>(bfloat16(value));
+    DUALCAST_CHECK(std::isfinite(stored), "Tensor::fill_: ", value, " is outside ", dtype_name(dtype_),
+                   "'s finite range (largest ", dtype_ == DType::float16 ? 65504.0 : 3.3895313892515355e38,
+                   ") and would be stored as infinity in a tensor of shape ", shape_.str(),
+                   " (scale the values, or use bfloat16 or float32)");
+  }
   dispatch_all(dtype_, "fill_", [&](auto tag) {
     using T = decltype(tag);
     detail::fill_range<T>(device_, data<T>(), numel(), static_cast<T>(value));

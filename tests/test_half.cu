@@ -367,6 +367,56 @@ TEST_P(HalfBroadcastTest, SixteenBitAndFloat32ArgumentsPromoteToFloat32WithGradi
   EXPECT_THROW((void)(a * Var(Tensor::ones({9}, DType::float64, dev()))), Error);
 }
 
+namespace {
+// Batch-norm apply fused with a ReLU: x full-size, gamma/beta/mean per channel.
+struct NormRelu {
+  DUALCAST_HD auto operator()(auto x, auto g, auto b, auto m) const {
+    const auto y = (x - m) * g + b;
+    return y > 0 ? y : y - y;
+  }
+};
+}  // namespace
+
+TEST_P(HalfBroadcastTest, ChannelBroadcastOverSixteenBitTensorsEqualsFloat32RoundedOnce) {
+  // N, C, H, W with an odd inner size (no packets) and an aligned one (packets).
+  for (const Shape& s : {Shape{3, 5, 7, 3}, Shape{2, 6, 4, 4}}) {
+    const std::int64_t C = s[1];
+    std::vector<Var> h, r;
+    const std::vector<Shape> shapes{s, Shape{C}, Shape{1, C, 1, 1}, Shape{C}};
+    for (std::size_t k = 0; k < shapes.size(); ++k) {
+      const Tensor x = Tensor::uniform(shapes[k], dev(), 60 + k, -1.0, 1.0, dt());
+      h.push_back(Var::param(x));
+      r.push_back(Var::param(x.to(DType::float32)));
+    }
+    Var yh = channel_broadcast(NormRelu{}, h[0], h[1], h[2], h[3]);
+    Var yr = channel_broadcast(NormRelu{}, r[0], r[1], r[2], r[3]);
+    ASSERT_EQ(yh.dtype(), dt());
+    EXPECT_LE(array_error(yh.value().to(DType::float32), yr.value().to(dt()).to(DType::float32),
+                          ErrorScale::elementwise),
+              tol16(dt()));
+    cast(sum(yh), DType::float32).backward();
+    sum(yr).backward();
+    for (std::size_t k = 0; k < shapes.size(); ++k) {
+      ASSERT_EQ(h[k].grad().dtype(), dt());
+      const double summed = static_cast<double>(s.numel() / shapes[k].numel());
+      // Per-channel sums are kept in float and rounded once; full-size ones are one product each.
+      EXPECT_LE(array_error(h[k].grad().to(DType::float32), r[k].grad(), ErrorScale::largest_or_one),
+                (k == 0 ? 1.0 : 2.0) * tol16(dt()))
+          << "argument " << k << " (summed over " << summed << " elements)";
+    }
+  }
+  // float32 per-channel parameters with a 16-bit x promote: a float32 result, gradients in each
+  // argument's own dtype.
+  Var x = Var::param(Tensor::randn({2, 3, 4, 4}, dev(), 5, dt()));
+  Var g = Var::param(Tensor::ones({3}, DType::float32, dev()));
+  Var y = channel_broadcast(NormRelu{}, x, g, Tensor::zeros({3}, DType::float32, dev()),
+                            Tensor::zeros({3}, DType::float32, dev()));
+  ASSERT_EQ(y.dtype(), DType::float32);
+  sum(y).backward();
+  EXPECT_EQ(x.grad().dtype(), dt());
+  EXPECT_EQ(g.grad().dtype(), DType::float32);
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, HalfBroadcastTest,
                          ::testing::Combine(::testing::ValuesIn(all_devices()),
                                             ::testing::Values(DType::bfloat16, DType::float16)),

@@ -5,16 +5,19 @@
 //         convolutions (PyTorch: allow_tf32 on for cuDNN and matmul)
 //   bf16  the forward pass under Autocast(bfloat16); parameters stay float32 master weights and the
 //         optimizers are unchanged (PyTorch: torch.autocast("cuda", dtype=torch.bfloat16))
-//   fp16  the same with float16, unscaled: dualcast has no GradScaler yet, so small gradients can
-//         flush to zero (PyTorch's peer scales its loss with torch.amp.GradScaler)
+//   fp16  the same with float16, the loss scaled by a GradScaler (as PyTorch's peer does with
+//         torch.amp.GradScaler): backward_and_step below
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 
 #include "cli.hpp"
+#include "dualcast/grad_scaler.hpp"
 #include "dualcast/ops/cast.hpp"
+#include "dualcast/optim.hpp"
 #include "dualcast/precision.hpp"
 
 namespace dcexp {
@@ -36,7 +39,7 @@ inline const char* precision_text(Precision p) {
   switch (p) {
     case Precision::tf32: return "tf32 (TF32 matmuls and convolutions)";
     case Precision::bf16: return "bf16 (Autocast bfloat16 forward, float32 master weights)";
-    case Precision::fp16: return "fp16 (Autocast float16 forward, float32 master weights, no loss scaling)";
+    case Precision::fp16: return "fp16 (Autocast float16 forward, float32 master weights, GradScaler)";
     default: return "fp32 (TF32 off)";
   }
 }
@@ -93,5 +96,25 @@ decltype(auto) autocast_forward(Precision p, F&& f) {
 /// autocast would run it in float32. Also correct once 16-bit losses and norms exist, as they
 /// compute in float32 anyway.
 inline dualcast::Var float32(const dualcast::Var& x) { return dualcast::cast(x, dualcast::DType::float32); }
+
+/// The loss scaler a precision needs: a GradScaler on `device` for fp16 (PyTorch's defaults), none
+/// otherwise. Make it before capturing a step.
+inline std::unique_ptr<dualcast::GradScaler> make_scaler(Precision p, dualcast::Device device) {
+  if (p != Precision::fp16) return nullptr;
+  return std::make_unique<dualcast::GradScaler>(device);
+}
+
+/// loss.backward() and opt.step(), through the scaler when there is one (scale, backward, step
+/// skipped on an overflow, update of the scale).
+inline void backward_and_step(dualcast::GradScaler* scaler, const dualcast::Var& loss, dualcast::Optimizer& opt) {
+  if (!scaler) {
+    loss.backward();
+    opt.step();
+    return;
+  }
+  scaler->scale(loss).backward();
+  scaler->step(opt);
+  scaler->update();
+}
 
 }  // namespace dcexp

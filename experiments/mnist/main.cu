@@ -61,8 +61,8 @@ options:
                             fp32 (default): float32, TF32 off; tf32: TF32 matmuls; bf16, fp16: the
                             forward pass under Autocast (matmuls in the 16-bit dtype, bias, ReLU and
                             the loss in float32, float32 master weights, optimizer unchanged). fp16
-                            runs without loss scaling: dualcast has no GradScaler yet, so gradients
-                            below float16's range flush to zero (bf16 needs none)
+                            scales the loss with a GradScaler (bf16 has float32's range and needs
+                            none)
   --data DIR                directory of {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]
                             (default /usr/share/datasets/fashion-mnist, Debian dataset-fashion-mnist)
   --out DIR                 write DIR/NAME.json and DIR/NAME.csv with the per-epoch metrics
@@ -330,6 +330,7 @@ int run(const Options& o) {
     opt = std::make_unique<dualcast::SGD>(model.params(), o.lr, o.momentum, o.weight_decay);
   else
     opt = std::make_unique<dualcast::Adam>(model.params(), o.lr, 0.9, 0.999, 1e-8, o.weight_decay);
+  const auto scaler = dcexp::make_scaler(o.precision, device);
 
   std::printf("mnist_train: %s (%lld parameters), %s lr %g (%s), batch %lld, %d epochs, seed %llu\n",
               o.model.c_str(), static_cast<long long>(model.num_params()), o.optimizer.c_str(), o.lr,
@@ -365,8 +366,7 @@ int run(const Options& o) {
       opt->zero_grad();
       const Var logits = dcexp::autocast_forward(o.precision, [&] { return model.forward(Var(x)); });
       Var loss = dualcast::cross_entropy(dcexp::float32(logits), y);
-      loss.backward();
-      opt->step();
+      dcexp::backward_and_step(scaler.get(), loss, *opt);
       const double l = loss.item();
       if (!std::isfinite(l)) {
         bar.finish();

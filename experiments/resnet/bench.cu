@@ -72,13 +72,13 @@ struct Step {
   Fusion fusion;
   double label_smoothing;
   dcexp::Precision precision;
+  dualcast::GradScaler* scaler;  ///< fp16 only
   Tensor loss;
   void operator()() {
     opt.zero_grad();
     const Var logits = dcexp::autocast_forward(precision, [&] { return model.forward(Var(batch.x), true, fusion); });
     Var l = classification_loss(dcexp::float32(logits), batch.y, label_smoothing);
-    l.backward();
-    opt.step();
+    dcexp::backward_and_step(scaler, l, opt);
     loss = l.value();
   }
 };
@@ -137,7 +137,8 @@ int run_bench(const Options& o) {
     const Model model = Model::create(cfg, device, o.seed);
     dualcast::SGD opt(model.params(), 0.01, 0.9, 5e-4);
     const Batch batch = random_batch(B, cfg.classes, device, o.seed + 7);
-    Step step{model, opt, batch, o.fusion, o.label_smoothing, o.precision, Tensor()};
+    const auto scaler = dcexp::make_scaler(o.precision, device);
+    Step step{model, opt, batch, o.fusion, o.label_smoothing, o.precision, scaler.get(), Tensor()};
     // The first steps search cuDNN's algorithms and fill the allocator's cache: warm up before
     // counting allocations.
     for (int i = 0; i < 3; ++i) step();

@@ -71,9 +71,8 @@ training:
                             fp32 (default): float32, TF32 off; tf32: TF32 convolutions and matmuls;
                             bf16, fp16: the forward pass under Autocast (convolutions and the head in
                             the 16-bit dtype, batch norm statistics and the loss in float32, float32
-                            master weights, optimizer unchanged). fp16 runs without loss scaling:
-                            dualcast has no GradScaler yet, so gradients below float16's range flush
-                            to zero (bf16 has float32's range and needs none). Applies to training,
+                            master weights, optimizer unchanged). fp16 scales the loss with a
+                            GradScaler (bf16 has float32's range and needs none). Applies to training,
                             evaluation and --bench; --export is the fp32 step only
   --out DIR, --name STEM    write DIR/STEM.csv and DIR/STEM.json (stem default resnet_wW_DEVICE,
                             with _PRECISION appended for a precision other than fp32)
@@ -318,6 +317,7 @@ int run_training(const Options& o) {
     opt = std::make_unique<dualcast::SGD>(model.params(), o.lr, o.momentum, o.weight_decay);
   else
     opt = std::make_unique<dualcast::Adam>(model.params(), o.lr, 0.9, 0.999, 1e-8, o.weight_decay);
+  const auto scaler = dcexp::make_scaler(o.precision, device);
 
   std::printf("resnet_train: ResNet-18 (CIFAR form) width %lld, %lld parameters, %s; %s lr %g (%s), "
               "momentum %g, weight decay %g, label smoothing %g, batch %lld, %d epochs, crop pad %lld, "
@@ -358,8 +358,7 @@ int run_training(const Options& o) {
       opt->zero_grad();
       const Var logits = dcexp::autocast_forward(o.precision, [&] { return model.forward(Var(x), true, o.fusion); });
       Var loss = resnet::classification_loss(dcexp::float32(logits), y, o.label_smoothing);
-      loss.backward();
-      opt->step();
+      dcexp::backward_and_step(scaler.get(), loss, *opt);
       const double l = loss.item();
       if (!std::isfinite(l))
         DUALCAST_FAIL("training diverged: loss ", l, " at epoch ", epoch, " step ", s + 1, " (try a smaller --lr)");

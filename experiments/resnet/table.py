@@ -23,7 +23,7 @@ import sys
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 HEADER = {"fp32": "fp32, TF32 off", "tf32": "tf32: TF32 convolutions and matmuls",
           "bf16": "bf16: autocast, float32 master weights",
-          "fp16": "fp16: autocast, float32 master weights; PyTorch scales its loss, dualcast runs unscaled"}
+          "fp16": "fp16: autocast, float32 master weights, loss scaling (GradScaler) in both"}
 
 
 def precision_of(rec):

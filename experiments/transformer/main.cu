@@ -58,7 +58,8 @@ Options:
                            of the timed steps and the training run (default fp32: float32, TF32 off;
                            tf32: TF32 matmuls; bf16, fp16: the loss under Autocast, matmuls in the
                            16-bit dtype, attention, layer norm and the loss in float32, float32 Adam
-                           weights; fp16 without loss scaling: dualcast has no GradScaler yet). The
+                           weights; fp16 without loss scaling here: gradient clipping would need the
+                           GradScaler's unscale_ first, not wired in yet). The
                            peer runs the same precision; the validations are always fp32
   --out DIR                output folder (default results/transformer)
   --help                   this text

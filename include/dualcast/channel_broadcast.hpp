@@ -82,7 +82,7 @@ ChannelOperands<compute_t<S>, NA, S> make_channel_operands(const ChannelPlan& pl
   ops.n = plan.out_shape.numel();
   ops.C = plan.C;
   ops.inner = plan.inner;
-  ops.vec = plan.inner % cb_width<S> == 0;
+  ops.vec = plan.inner % cb_width<T> == 0;
   for (int a = 0; a < NA; ++a) {
     const ChannelArg& info = plan.args[static_cast<std::size_t>(a)];
     ops.access[a] = info.access;
@@ -206,7 +206,7 @@ Var channel_broadcast_typed(const F& f, ChannelPlan plan, const std::vector<Var>
   Tensor out = Tensor::empty(plan.out_shape, plan.dtype, plan.device);
   const std::int64_t n = out.numel();
   if (n > 0) {
-    constexpr int V = cb_width<T>;
+    constexpr int V = cb_width<compute_t<T>>;
     ChannelForwardBody<T, K, !plain_ok, F, Slots> body{f};
     body.ops = make_channel_operands<T, NA>(plan);
     body.out = out.template data<T>();
