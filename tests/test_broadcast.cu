@@ -433,3 +433,19 @@ TEST(Broadcast, GenericDeviceLambdaRunsOnGpuAndIsRefusedOnCpu) {
 
 INSTANTIATE_TEST_SUITE_P(Devices, BroadcastTest, ::testing::ValuesIn(devices()),
                          [](const auto& info) { return std::string(dualcast::testing::device_label(info.param)); });
+
+// This file is compiled with DUALCAST_BROADCAST_HALF=0 (tests/CMakeLists.txt): a 16-bit call is a
+// clear error, and float32 still works after it.
+TEST(BroadcastWithoutHalfBodies, SixteenBitArgumentsAreAnErrorNamingTheSwitch) {
+  static_assert(DUALCAST_BROADCAST_HALF == 0, "tests/CMakeLists.txt compiles this file without 16-bit bodies");
+  Var x = Var::param(Tensor::ones({2, 3}, DType::bfloat16));
+  try {
+    (void)broadcast(ThreeArg{}, x, x, x);
+    FAIL() << "expected a dualcast::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("DUALCAST_BROADCAST_HALF=0"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("bfloat16"), std::string::npos) << e.what();
+  }
+  Var y = Var::param(Tensor::ones({2, 3}));
+  EXPECT_EQ(broadcast(ThreeArg{}, y, y, y).dtype(), DType::float32);
+}

@@ -15,6 +15,12 @@
 // gradients and stored partials are rounded once to the 16-bit type. float32 and 16-bit arguments
 // promote to float32 as in PyTorch (the 16-bit ones are converted first, their gradients converted
 // back); plain numbers never promote; float64 mixes with nothing.
+//
+// Every call site compiles its f for each storage type it can take: float32, float64, and (f being
+// callable with float) bfloat16 and float16, twice the kernels of float alone. A translation unit
+// that never sees 16-bit tensors may define DUALCAST_BROADCAST_HALF=0 (before including dualcast)
+// to compile float32 and float64 only; a 16-bit call there is a dualcast::Error saying so. Define it
+// alike in every translation unit that instantiates the same functor with the same argument types.
 #pragma once
 
 #include <array>
@@ -35,6 +41,10 @@
 #include "dualcast/parallel.hpp"
 #include "dualcast/tape.hpp"
 #include "dualcast/kernels/broadcast.cuh"
+
+#ifndef DUALCAST_BROADCAST_HALF
+#define DUALCAST_BROADCAST_HALF 1
+#endif
 
 namespace dualcast {
 
@@ -323,7 +333,9 @@ auto broadcast_typed(Partials policy, const F& f, CallPlan plan, const std::vect
   }
 }
 
-template <bool kStorable, class F, class... Args>
+/// kHalf: whether this call site compiles 16-bit bodies (DUALCAST_BROADCAST_HALF); part of the
+/// specialisation, so that translation units that differ in it never share one.
+template <bool kStorable, bool kHalf = (DUALCAST_BROADCAST_HALF != 0), class F, class... Args>
 auto broadcast_impl(Partials policy, const F& f, const Args&... args) {
   static_assert(((arg_kind_v<Args> != kBadArg) && ...),
                 "broadcast: every argument must be a dualcast::Var (differentiated), a "
@@ -368,9 +380,17 @@ auto broadcast_impl(Partials policy, const F& f, const Args&... args) {
       case DType::float32:
         return broadcast_typed<float, kStorable, F, Args...>(policy, f, std::move(plan), vars);
       case DType::bfloat16:
-        return broadcast_typed<bfloat16, kStorable, F, Args...>(policy, f, std::move(plan), vars);
       case DType::float16:
-        return broadcast_typed<float16, kStorable, F, Args...>(policy, f, std::move(plan), vars);
+        if constexpr (kHalf) {
+          if (plan.dtype == DType::bfloat16)
+            return broadcast_typed<bfloat16, kStorable, F, Args...>(policy, f, std::move(plan), vars);
+          return broadcast_typed<float16, kStorable, F, Args...>(policy, f, std::move(plan), vars);
+        } else {
+          DUALCAST_FAIL("broadcast: arguments of dtype ", dtype_name(plan.dtype), " ",
+                        plan.out_shape.str(), ", but this call site was compiled with "
+                        "DUALCAST_BROADCAST_HALF=0 (float32 and float64 only); compile it without "
+                        "that definition to broadcast 16-bit tensors");
+        }
       default: break;
     }
   }
