@@ -122,6 +122,11 @@ TEST(HalfConversion, Float16ValuesAreTheIeeeBinary16Ones) {
 
 // ---- tensors -------------------------------------------------------------------------------------
 
+/// "cpu_bfloat16", ...: the parameter names of the suites below.
+std::string device_dtype_name(const ::testing::TestParamInfo<std::tuple<Device, DType>>& info) {
+  return std::string(device_label(std::get<0>(info.param))) + "_" + dtype_name(std::get<1>(info.param));
+}
+
 class HalfTensorTest : public ::testing::TestWithParam<std::tuple<Device, DType>> {
  protected:
   void SetUp() override { DUALCAST_SKIP_IF_UNAVAILABLE(dev()); }
@@ -213,10 +218,7 @@ TEST_P(HalfTensorTest, CastOnTheTapeSendsTheGradientBackInTheSourceDtype) {
 INSTANTIATE_TEST_SUITE_P(Devices, HalfTensorTest,
                          ::testing::Combine(::testing::ValuesIn(all_devices()),
                                             ::testing::Values(DType::bfloat16, DType::float16)),
-                         [](const auto& info) {
-                           return std::string(device_label(std::get<0>(info.param))) + "_" +
-                                  dtype_name(std::get<1>(info.param));
-                         });
+                         device_dtype_name);
 
 // ---- broadcast over 16-bit tensors ---------------------------------------------------------------
 
@@ -420,7 +422,4 @@ TEST_P(HalfBroadcastTest, ChannelBroadcastOverSixteenBitTensorsEqualsFloat32Roun
 INSTANTIATE_TEST_SUITE_P(Devices, HalfBroadcastTest,
                          ::testing::Combine(::testing::ValuesIn(all_devices()),
                                             ::testing::Values(DType::bfloat16, DType::float16)),
-                         [](const auto& info) {
-                           return std::string(device_label(std::get<0>(info.param))) + "_" +
-                                  dtype_name(std::get<1>(info.param));
-                         });
+                         device_dtype_name);

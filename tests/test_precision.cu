@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "dualcast/dualcast.hpp"
+#include "matmul_reference.hpp"
 #include "test_util.hpp"
 
 using namespace dualcast;
@@ -36,30 +37,7 @@ struct RestorePrecision {
   ~RestorePrecision() { set_float32_matmul_precision("highest"); }
 };
 
-/// op(A) op(B) in double for 2-D, 3-D and mixed operands (the shapes matmul takes).
-std::vector<double> naive_matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
-  const std::vector<double> av = a.to_vector<double>(), bv = b.to_vector<double>();
-  const int ra = a.rank(), rb = b.rank();
-  const std::int64_t batch = ra == 3 ? a.shape()[0] : (rb == 3 ? b.shape()[0] : 1);
-  const std::int64_t ar = a.shape()[ra - 2], ac = a.shape()[ra - 1];
-  const std::int64_t br = b.shape()[rb - 2], bc = b.shape()[rb - 1];
-  const std::int64_t m = ta ? ac : ar, k = ta ? ar : ac, n = tb ? br : bc;
-  std::vector<double> c(static_cast<std::size_t>(batch * m * n), 0.0);
-  for (std::int64_t s = 0; s < batch; ++s)
-    for (std::int64_t i = 0; i < m; ++i)
-      for (std::int64_t j = 0; j < n; ++j) {
-        double acc = 0.0;
-        for (std::int64_t p = 0; p < k; ++p) {
-          const double x = ta ? av[(ra == 3 ? s * ar * ac : 0) + p * ac + i]
-                              : av[(ra == 3 ? s * ar * ac : 0) + i * ac + p];
-          const double y = tb ? bv[(rb == 3 ? s * br * bc : 0) + j * bc + p]
-                              : bv[(rb == 3 ? s * br * bc : 0) + p * bc + j];
-          acc += x * y;
-        }
-        c[static_cast<std::size_t>((s * m + i) * n + j)] = acc;
-      }
-  return c;
-}
+using dualcast::testing::naive_matmul;
 
 Shape stored(std::int64_t batch, std::int64_t rows, std::int64_t cols, bool trans) {
   const std::int64_t r = trans ? cols : rows, c = trans ? rows : cols;

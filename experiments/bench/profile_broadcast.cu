@@ -3,10 +3,12 @@
 // kernels and nothing of the set-up, the warm-up or the validation. Driven by scripts/ncu-broadcast.
 //
 //   profile_broadcast --workload a|b|c [--dims N] [--arity K] [--policy recompute|store|reverse]
+//                     [--dtype float32|bfloat16|float16]
 //   profile_broadcast --host-timing N [--dims D]
 //
 // Workload a: the paper's cell update (K = 4, row flags); b: the full cell (K = 6, two outputs);
-// c: the arity product over K = 1..10 arguments. Prints the step's time (CUDA events) on stdout.
+// c: the arity product over K = 1..10 arguments. --dtype stores a and b in a 16-bit type (as
+// hmlstm_experiment --precision bf16/fp16; c is float32 always). Prints the step's time (CUDA events).
 //
 // --host-timing N (issue 10, item 2): where the host's time goes in N steps of workload a (mixed,
 // recompute), each phase timed on the host with the GPU idle at its start (the step is synchronised
@@ -32,6 +34,7 @@ struct Options {
   std::int64_t dims = 8192;
   int arity = 4;
   std::string policy = "recompute";
+  std::string dtype = "float32";
   int host_timing = 0;  ///< > 0: the host-timing mode with this many steps
 };
 
@@ -104,8 +107,11 @@ void run(const Options& o) {
   const Device dev = Device::cuda(0);
   const Partials p = o.policy == "store" ? Partials::store : Partials::recompute;
   const bool reverse = o.policy == "reverse";
-  CellSet s = o.workload == "a"   ? make_cell_set(o.dims, 4, 1, FlagLayout::rows, dev, 7)
-              : o.workload == "b" ? make_cell_set(o.dims, 6, 2, FlagLayout::rows, dev, 7)
+  const dualcast::DType dt = o.dtype == "bfloat16"  ? dualcast::DType::bfloat16
+                            : o.dtype == "float16" ? dualcast::DType::float16
+                                                   : dualcast::DType::float32;
+  CellSet s = o.workload == "a"   ? make_cell_set(o.dims, 4, 1, FlagLayout::rows, dev, 7, dt)
+              : o.workload == "b" ? make_cell_set(o.dims, 6, 2, FlagLayout::rows, dev, 7, dt)
                                   : make_arity_set(o.dims, o.arity, dev, 7);
   auto step = [&] {
     s.zero_grad();
@@ -144,6 +150,7 @@ int main(int argc, char** argv) {
       else if (opt == "--dims") o.dims = std::stoll(args.value());
       else if (opt == "--arity") o.arity = std::stoi(args.value());
       else if (opt == "--policy") o.policy = one_of(opt, args.value(), {"recompute", "store", "reverse"});
+      else if (opt == "--dtype") o.dtype = one_of(opt, args.value(), {"float32", "bfloat16", "float16"});
       else if (opt == "--host-timing") {
         o.host_timing = std::stoi(args.value());
         args_seen_host_timing = true;
@@ -156,7 +163,7 @@ int main(int argc, char** argv) {
       throw dcexp::cli::UsageError("--host-timing takes a step count in 1..1000000");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "profile_broadcast: %s\nusage: profile_broadcast --workload a|b|c [--dims N] "
-                         "[--arity K] [--policy recompute|store|reverse]\n       profile_broadcast --host-timing N [--dims D]\n", e.what());
+                         "[--arity K] [--policy recompute|store|reverse] [--dtype float32|bfloat16|float16]\n       profile_broadcast --host-timing N [--dims D]\n", e.what());
     return 2;
   }
   if (!dualcast::cuda_available()) {
