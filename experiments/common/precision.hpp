@@ -93,8 +93,8 @@ decltype(auto) autocast_forward(Precision p, F&& f) {
 }
 
 /// x in float32 (x itself when it is float32 already): what a loss or norm is given where PyTorch's
-/// autocast would run it in float32. Also correct once 16-bit losses and norms exist, as they
-/// compute in float32 anyway.
+/// autocast would run it in float32, so that the result is float32 (the 16-bit losses and norms
+/// also compute in float32, but return the input's dtype, as PyTorch does outside autocast).
 inline dualcast::Var float32(const dualcast::Var& x) { return dualcast::cast(x, dualcast::DType::float32); }
 
 /// The loss scaler a precision needs: a GradScaler on `device` for fp16 (PyTorch's defaults), none
