@@ -2,6 +2,7 @@
 #include "dualcast/tape.hpp"
 
 #include <algorithm>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "dualcast/error.hpp"
@@ -14,6 +15,11 @@ thread_local bool t_grad_enabled = true;
 std::atomic<std::uint64_t> g_sequence{0};
 std::atomic<std::int64_t> g_nodes_created{0};
 std::atomic<std::int64_t> g_nodes_run{0};
+std::atomic<std::uint64_t> g_hook_id{0};
+
+void run_grad_ready_hooks(const VarState& leaf) {
+  for (const auto& [id, hook] : leaf.grad_ready_hooks) hook();
+}
 }  // namespace
 
 bool grad_enabled() { return t_grad_enabled; }
@@ -57,6 +63,23 @@ void Var::zero_grad() {
   state_->grad_owned = false;
 }
 
+std::uint64_t Var::add_grad_ready_hook(std::function<void()> hook) const {
+  DUALCAST_CHECK(state_ != nullptr && state_->requires_grad && !state_->node,
+                 "Var::add_grad_ready_hook: the Var must be a leaf that requires a gradient "
+                 "(Var::param), not a constant or an op's result");
+  DUALCAST_CHECK(static_cast<bool>(hook), "Var::add_grad_ready_hook: the hook is empty");
+  const std::uint64_t id = ++g_hook_id;
+  state_->grad_ready_hooks.emplace_back(id, std::move(hook));
+  return id;
+}
+
+void Var::remove_grad_ready_hook(std::uint64_t id) const {
+  if (!state_) return;
+  auto& hooks = state_->grad_ready_hooks;
+  hooks.erase(std::remove_if(hooks.begin(), hooks.end(), [id](const auto& h) { return h.first == id; }),
+              hooks.end());
+}
+
 void Var::backward(bool retain_graph) const {
   const Tensor& v = value();
   DUALCAST_CHECK(v.numel() == 1, "backward: called without a gradient on a non-scalar Var of shape ",
@@ -79,6 +102,7 @@ void Var::backward(const Tensor& grad_output, bool retain_graph) const {
   std::vector<Node*> order;
   std::unordered_set<Node*> seen;
   std::vector<Node*> stack;
+  bool leaf_hooks = false;
   if (state_->node) stack.push_back(state_->node.get());
   while (!stack.empty()) {
     Node* n = stack.back();
@@ -88,14 +112,29 @@ void Var::backward(const Tensor& grad_output, bool retain_graph) const {
                    "' was already freed by an earlier backward; call backward(..., "
                    "retain_graph=true) the first time to run backward twice");
     order.push_back(n);
-    for (const auto& in : n->inputs)
+    for (const auto& in : n->inputs) {
       if (in && in->node) stack.push_back(in->node.get());
+      if (in && !in->node && !in->grad_ready_hooks.empty()) leaf_hooks = true;
+    }
   }
   std::sort(order.begin(), order.end(),
             [](const Node* a, const Node* b) { return a->sequence > b->sequence; });
 
+  // A hooked leaf's gradient is final after the last node (in this order) that has it as an input.
+  std::vector<std::vector<const VarState*>> ready_after;
+  if (leaf_hooks) {
+    std::unordered_map<const VarState*, std::size_t> last;
+    for (std::size_t i = 0; i < order.size(); ++i)
+      for (const auto& in : order[i]->inputs)
+        if (in && !in->node && !in->grad_ready_hooks.empty()) last[in.get()] = i;
+    ready_after.resize(order.size());
+    for (const auto& [leaf, i] : last) ready_after[i].push_back(leaf);
+  }
+
   detail::accumulate_grad(*state_, grad_output, /*owned=*/false);
-  for (Node* n : order) {
+  if (!state_->node) run_grad_ready_hooks(*state_);
+  for (std::size_t position = 0; position < order.size(); ++position) {
+    Node* n = order[position];
     std::vector<Tensor> grads(n->outputs.size());
     for (std::size_t m = 0; m < n->outputs.size(); ++m)
       if (auto out = n->outputs[m].lock()) grads[m] = out->grad;
@@ -111,6 +150,8 @@ void Var::backward(const Tensor& grad_output, bool retain_graph) const {
       n->release_saved();
       n->released = true;
     }
+    if (leaf_hooks)
+      for (const VarState* leaf : ready_after[position]) run_grad_ready_hooks(*leaf);
   }
   // The root may be a leaf (backward on a parameter itself): it keeps its gradient then.
 }

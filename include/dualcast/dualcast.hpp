@@ -36,3 +36,5 @@
 #include "dualcast/optim.hpp"
 #include "dualcast/grad_scaler.hpp"
 #include "dualcast/data.hpp"
+#include "dualcast/communicator.hpp"
+#include "dualcast/data_parallel.hpp"

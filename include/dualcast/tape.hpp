@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -48,6 +49,8 @@ struct VarState {
   bool requires_grad = false;
   std::shared_ptr<Node> node;  ///< the op that produced this value (null for leaves and constants)
   int output_index = 0;
+  /// Leaves: called during backward once this gradient is final (Var::add_grad_ready_hook).
+  std::vector<std::pair<std::uint64_t, std::function<void()>>> grad_ready_hooks;
 };
 
 /// A tensor on the tape. Copies of a Var are handles to the same variable.
@@ -81,6 +84,16 @@ class Var {
   void backward(bool retain_graph = false) const;
   /// Backpropagates with the given adjoint (same shape, device and dtype as the value).
   void backward(const Tensor& grad_output, bool retain_graph = false) const;
+
+  /// Registers `hook` on a leaf that requires a gradient: each backward that reaches this leaf calls
+  /// it as soon as the leaf's gradient is final for that backward (right after the last node that
+  /// adds to it has run, while the nodes nearer the inputs still wait), so that work on the gradient
+  /// (data-parallel all-reduce) overlaps the rest of the backward. The gradient must not be written
+  /// by the hook's caller after that, except through the hook's own work. Returns an id for
+  /// remove_grad_ready_hook. An Error on a constant or a non-leaf.
+  std::uint64_t add_grad_ready_hook(std::function<void()> hook) const;
+  /// Removes a hook added by add_grad_ready_hook (an unknown id is ignored).
+  void remove_grad_ready_hook(std::uint64_t id) const;
 
   /// The same value, cut from the tape (a constant sharing storage).
   [[nodiscard]] Var detach() const { return Var(value()); }
