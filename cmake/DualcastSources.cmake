@@ -15,6 +15,14 @@ function(dualcast_executable name)
   target_link_libraries(${name} PRIVATE dualcast::dualcast)
 endfunction()
 
+# dualcast_data_parallel_driver(target source): `source` includes experiments/common/distributed.hpp
+# (--gpus N), which re-executes the driver through scripts/launch. Only that file gets the path: a
+# definition that names the checkout makes objects differ between clones (cmake/DualcastCcache.cmake).
+function(dualcast_data_parallel_driver name source)
+  set_property(SOURCE ${source} APPEND PROPERTY COMPILE_DEFINITIONS
+               DUALCAST_LAUNCHER="${PROJECT_SOURCE_DIR}/scripts/launch")
+endfunction()
+
 # dualcast_find_plot_python(var): sets var to the first python3 that can import matplotlib (the one
 # CMake finds, then /usr/bin/python3: Debian's python3-matplotlib serves the system interpreter, which
 # need not be the python3 first on PATH), or to "" when none can. The plot scripts' tests use it.

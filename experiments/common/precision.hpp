@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "cli.hpp"
+#include "dualcast/data_parallel.hpp"
 #include "dualcast/grad_scaler.hpp"
 #include "dualcast/ops/cast.hpp"
 #include "dualcast/optim.hpp"
@@ -105,14 +106,19 @@ inline std::unique_ptr<dualcast::GradScaler> make_scaler(Precision p, dualcast::
 }
 
 /// loss.backward() and opt.step(), through the scaler when there is one (scale, backward, step
-/// skipped on an overflow, update of the scale).
-inline void backward_and_step(dualcast::GradScaler* scaler, const dualcast::Var& loss, dualcast::Optimizer& opt) {
+/// skipped on an overflow, update of the scale); with `ddp`, the gradients are averaged over the
+/// ranks between the backward and the step (before the scaler looks at them, so every rank skips
+/// the same steps).
+inline void backward_and_step(dualcast::GradScaler* scaler, const dualcast::Var& loss, dualcast::Optimizer& opt,
+                              dualcast::dist::DataParallel* ddp = nullptr) {
   if (!scaler) {
     loss.backward();
+    if (ddp) ddp->finish();
     opt.step();
     return;
   }
   scaler->scale(loss).backward();
+  if (ddp) ddp->finish();
   scaler->step(opt);
   scaler->update();
 }

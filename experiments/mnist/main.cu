@@ -29,6 +29,7 @@
 #include "dualcast/ops/loss.hpp"
 #include "dualcast/optim.hpp"
 #include "../common/cli.hpp"
+#include "../common/distributed.hpp"
 #include "../common/json.hpp"
 #include "../common/precision.hpp"
 #include "model.hpp"
@@ -57,6 +58,11 @@ options:
   --batch N                 minibatch size, 1..training-set size (default 100)
   --seed N                  weight init and shuffling seed (default 0)
   --device cpu|cuda|cuda:K  (default cpu)
+  --gpus N                  data-parallel over N ranks, one per GPU (cuda:0..N-1 with --device cuda;
+                            CPU processes with --device cpu), started through scripts/launch; --batch
+                            stays the global batch (each rank takes batch/N rows of it, which must
+                            divide evenly), so the loss curve is one process's; rank 0 prints and
+                            writes the results (default 1)
   --precision fp32|tf32|bf16|fp16
                             fp32 (default): float32, TF32 off; tf32: TF32 matmuls; bf16, fp16: the
                             forward pass under Autocast (matmuls in the 16-bit dtype, bias, ReLU and
@@ -94,6 +100,7 @@ struct Options {
   std::int64_t batch = 100;
   std::uint64_t seed = 0;
   std::string device = "cpu";
+  int gpus = 1;
   dcexp::Precision precision = dcexp::Precision::fp32;
   std::string data = dualcast::data::kFashionMnistDir;
   std::string out;
@@ -139,6 +146,7 @@ Options parse(int argc, char** argv, bool& help) {
     else if (a == "--batch") o.batch = parse_int(a, next(), std::numeric_limits<std::int64_t>::min());
     else if (a == "--seed") o.seed = static_cast<std::uint64_t>(parse_int(a, next(), 0));
     else if (a == "--device") o.device = next();
+    else if (a == "--gpus") o.gpus = static_cast<int>(parse_int(a, next(), 1, 64));
     else if (a == "--precision") o.precision = dcexp::cli::parse_precision(next());
     else if (a == "--data") o.data = next();
     else if (a == "--out") o.out = next();
@@ -162,6 +170,9 @@ Options parse(int argc, char** argv, bool& help) {
   if (!(o.weight_decay >= 0 && std::isfinite(o.weight_decay)))
     throw UsageError("--weight-decay: " + num(o.weight_decay) + " is invalid (it must be a finite number >= 0)");
   if (o.batch < 1) throw UsageError("--batch: " + std::to_string(o.batch) + " must be at least 1");
+  if (o.batch % o.gpus != 0)
+    throw UsageError("--batch: " + std::to_string(o.batch) + " does not split evenly over --gpus " +
+                     std::to_string(o.gpus));
   return o;
 }
 
@@ -268,6 +279,7 @@ void write_outputs(const Options& o, const std::string& device_str, const std::s
   js["weight_decay"] = o.weight_decay;
   js["precision"] = dcexp::precision_name(o.precision);
   js["batch"] = o.batch;
+  js["gpus"] = o.gpus;
   js["epochs"] = epochs.size();
   js["seed"] = o.seed;
   js["max_steps_per_epoch"] = o.max_steps;
@@ -306,7 +318,8 @@ void write_outputs(const Options& o, const std::string& device_str, const std::s
 }
 
 int run(const Options& o) {
-  const Device device = parse_device(o.device);
+  const dcexp::DataParallelRun group = dcexp::join_group(o.gpus, parse_device(o.device));
+  const Device device = group.device;
   const dcexp::PrecisionScope precision(o.precision);
 
   const auto t_load = std::chrono::steady_clock::now();
@@ -331,18 +344,24 @@ int run(const Options& o) {
   else
     opt = std::make_unique<dualcast::Adam>(model.params(), o.lr, 0.9, 0.999, 1e-8, o.weight_decay);
   const auto scaler = dcexp::make_scaler(o.precision, device);
+  std::unique_ptr<dualcast::dist::DataParallel> ddp;
+  if (group.size() > 1) ddp = std::make_unique<dualcast::dist::DataParallel>(*group.comm, model.params());
 
   std::printf("mnist_train: %s (%lld parameters), %s lr %g (%s), batch %lld, %d epochs, seed %llu\n",
               o.model.c_str(), static_cast<long long>(model.num_params()), o.optimizer.c_str(), o.lr,
               o.schedule.c_str(),
               static_cast<long long>(o.batch), o.epochs, static_cast<unsigned long long>(o.seed));
   std::printf("precision %s\n", dcexp::precision_text(o.precision));
+  if (ddp)
+    std::printf("data-parallel: %d ranks (%s), %lld rows each per step\n", group.size(),
+                group.comm->backend().c_str(), static_cast<long long>(o.batch / group.size()));
   std::printf("device %s (%s); data %s: %lld train, %lld test, loaded in %.2f s\n",
               device.str().c_str(), dualcast::device_name(device).c_str(), o.data.c_str(),
               static_cast<long long>(n), static_cast<long long>(test.size()), load_seconds);
   std::fflush(stdout);
 
-  const std::int64_t steps_full = (n + o.batch - 1) / o.batch;
+  // Data-parallel runs drop a last partial batch (it would not split evenly over the ranks).
+  const std::int64_t steps_full = ddp ? n / o.batch : (n + o.batch - 1) / o.batch;
   const std::int64_t steps = o.max_steps > 0 ? std::min(steps_full, o.max_steps) : steps_full;
   std::vector<EpochMetrics> history;
   for (int epoch = 1; epoch <= o.epochs; ++epoch) {
@@ -352,8 +371,10 @@ int run(const Options& o) {
     const std::clock_t c0 = std::clock();
     double loss_sum = 0;
     for (std::int64_t s = 0; s < steps; ++s) {
-      const auto begin = static_cast<std::size_t>(s * o.batch);
-      const auto end = static_cast<std::size_t>(std::min(n, (s + 1) * o.batch));
+      const std::int64_t rows = std::min(n, (s + 1) * o.batch) - s * o.batch;
+      const std::int64_t part = rows / group.size();  // this rank's shard of the global batch
+      const auto begin = static_cast<std::size_t>(s * o.batch + group.rank() * part);
+      const auto end = begin + static_cast<std::size_t>(part);
       const Tensor idx = mnist::index_tensor(perm, begin, end, device);
       const Tensor x = mnist::gather_rows(train.images, idx);
       const Tensor y = mnist::gather_rows(train.labels, idx);
@@ -366,8 +387,8 @@ int run(const Options& o) {
       opt->zero_grad();
       const Var logits = dcexp::autocast_forward(o.precision, [&] { return model.forward(Var(x)); });
       Var loss = dualcast::cross_entropy(dcexp::float32(logits), y);
-      dcexp::backward_and_step(scaler.get(), loss, *opt);
-      const double l = loss.item();
+      dcexp::backward_and_step(scaler.get(), loss, *opt, ddp.get());
+      const double l = ddp ? dualcast::dist::all_reduced(*group.comm, loss.value()).item() : loss.item();
       if (!std::isfinite(l)) {
         bar.finish();
         DUALCAST_FAIL("training diverged: loss ", l, " at epoch ", epoch, " step ", s + 1,
@@ -399,7 +420,7 @@ int run(const Options& o) {
                 m.train_cpu_seconds, m.eval_seconds, static_cast<long long>(m.malloc_calls));
     std::fflush(stdout);
   }
-  if (!o.out.empty())
+  if (!o.out.empty() && group.is_root())
     write_outputs(o, device.str(), dualcast::device_name(device), model, n, test.size(),
                   load_seconds, history);
   return 0;
@@ -407,4 +428,7 @@ int run(const Options& o) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return dcexp::cli::driver_main("mnist_train", kUsage, argc, argv, parse, run); }
+int main(int argc, char** argv) {
+  dcexp::relaunch_if_requested(argc, argv);
+  return dcexp::cli::driver_main("mnist_train", kUsage, argc, argv, parse, run);
+}
