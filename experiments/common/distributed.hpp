@@ -1,7 +1,7 @@
 // distributed.hpp: the drivers' --gpus N (data-parallel training, include/dualcast/data_parallel.hpp).
 //
 // A driver given --gpus N > 1 that no launcher started re-executes itself through scripts/launch,
-// which starts N copies with torchrun's environment (relaunch_if_requested, first thing in main);
+// which starts N copies with torchrun's environment (relaunch_if_requested, once the options parse);
 // each copy is one rank: it trains on cuda:LOCAL_RANK (or the CPU, for tests without a GPU), reads
 // its shard of every global batch (--batch stays the global batch, so N ranks take the steps one
 // process takes on the whole batch), and only rank 0 prints and writes results (the other ranks'
@@ -27,26 +27,10 @@
 
 namespace dcexp {
 
-/// The value of --gpus in argv (--gpus N or --gpus=N), 1 when absent or not a plain number (the
-/// driver's own parser reports a bad value).
-inline int requested_gpus(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    std::string v;
-    if (a == "--gpus" && i + 1 < argc) v = argv[i + 1];
-    else if (a.rfind("--gpus=", 0) == 0) v = a.substr(7);
-    else continue;
-    char* end = nullptr;
-    const long n = std::strtol(v.c_str(), &end, 10);
-    return end != v.c_str() && *end == '\0' && n >= 1 && n <= 64 ? static_cast<int>(n) : 1;
-  }
-  return 1;
-}
-
 /// With --gpus N > 1 and no launcher around this process: replaces it by scripts/launch --gpus N --
 /// <this program> <its arguments> (returns only when that cannot be started, after saying why).
-inline void relaunch_if_requested(int argc, char** argv) {
-  const int gpus = requested_gpus(argc, argv);
+/// Drivers call it at the end of their option parsing, so a bad command line is refused once, here.
+inline void relaunch_if_requested(int gpus, int argc, char** argv) {
   if (gpus <= 1 || dualcast::dist::Env::launched()) return;
   char self[4096];
   const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);

@@ -173,6 +173,7 @@ Options parse(int argc, char** argv, bool& help) {
   if (o.batch % o.gpus != 0)
     throw UsageError("--batch: " + std::to_string(o.batch) + " does not split evenly over --gpus " +
                      std::to_string(o.gpus));
+  dcexp::relaunch_if_requested(o.gpus, argc, argv);
   return o;
 }
 
@@ -429,6 +430,5 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  dcexp::relaunch_if_requested(argc, argv);
   return dcexp::cli::driver_main("mnist_train", kUsage, argc, argv, parse, run);
 }

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "../common/cli.hpp"
+#include "../common/distributed.hpp"
 #include "../common/gpu_timing.hpp"
 #include "../common/json.hpp"
 #include "../common/report.hpp"
@@ -73,12 +74,13 @@ struct Step {
   double label_smoothing;
   dcexp::Precision precision;
   dualcast::GradScaler* scaler;  ///< fp16 only
+  dualcast::dist::DataParallel* ddp;  ///< --gpus N > 1 only
   Tensor loss;
   void operator()() {
     opt.zero_grad();
     const Var logits = dcexp::autocast_forward(precision, [&] { return model.forward(Var(batch.x), true, fusion); });
     Var l = classification_loss(dcexp::float32(logits), batch.y, label_smoothing);
-    dcexp::backward_and_step(scaler, l, opt);
+    dcexp::backward_and_step(scaler, l, opt, ddp);
     loss = l.value();
   }
 };
@@ -120,8 +122,42 @@ json time_captured(Device device, Step& step, const Options& o, std::int64_t B) 
 
 }  // namespace
 
+/// Data-parallel runs: the same step with the gradient average switched off (what each rank computes)
+/// and the average of all gradients alone, after the step, so that the report can say how much of
+/// the communication the backward hid: exposed = step - compute only; hidden = 1 - exposed / alone.
+void time_data_parallel_parts(Device device, Step& step, dualcast::dist::DataParallel& ddp, const Options& o,
+                              std::int64_t B, json& r) {
+  ddp.set_sync(false);
+  const dcexp::StepTimes local = time_step(device, [&] { step(); }, o.bench_warmup, o.bench_reps);
+  ddp.set_sync(true);
+  std::vector<Tensor> grads;
+  for (const Var& p : step.model.params()) grads.push_back(p.grad());
+  auto& comm = ddp.communicator();
+  const dcexp::StepTimes alone = time_step(
+      device, [&] { comm.all_reduce(grads, dualcast::dist::ReduceOp::average); comm.wait(); }, o.bench_warmup,
+      o.bench_reps);
+  const double step_ms = r["step_ms"]["median"].get<double>();
+  const double exposed = step_ms - local.primary().median;
+  const double ar = alone.primary().median;
+  r["compute_only"] = times_json(local, B);
+  r["allreduce_alone_ms"] = dcexp::summary_json(alone.primary());
+  std::size_t bytes = 0;
+  for (const Tensor& g : grads) bytes += g.nbytes();
+  r["gradient_bytes"] = static_cast<long long>(bytes);
+  r["allreduce_bus_gb_per_s"] = 2.0 * (comm.size() - 1) / comm.size() * static_cast<double>(bytes) / (ar * 1e6);
+  r["exposed_comm_ms"] = exposed;
+  r["hidden_comm_share"] = ar > 0 ? std::min(1.0, std::max(0.0, 1.0 - exposed / ar)) : 1.0;
+  r["buckets"] = static_cast<long long>(ddp.num_buckets());
+  r["buckets_launched_during_backward"] = static_cast<long long>(ddp.buckets_launched_early());
+  std::printf("%8s %12.3f compute only; all-reduce alone %.3f ms (%.0f GB/s bus), exposed %.3f ms, "
+              "%.0f%% hidden; %zu buckets, %zu launched during the backward\n",
+              "", local.primary().median, ar, r["allreduce_bus_gb_per_s"].get<double>(), exposed,
+              100.0 * r["hidden_comm_share"].get<double>(), ddp.num_buckets(), ddp.buckets_launched_early());
+}
+
 int run_bench(const Options& o) {
-  const Device device = dcexp::cli::parse_device(o.device);
+  const dcexp::DataParallelRun group = dcexp::join_group(o.gpus, dcexp::cli::parse_device(o.device));
+  const Device device = group.device;
   const dcexp::PrecisionScope precision(o.precision);
   json results = json::array();
   std::printf("resnet_train --bench: ResNet-18 width %lld on %s (%s), convolutions: %s, %s elementwise, "
@@ -129,6 +165,9 @@ int run_bench(const Options& o) {
               static_cast<long long>(o.width), device.str().c_str(), dualcast::device_name(device).c_str(),
               dualcast::conv_backend_name(device).c_str(),
               o.fusion == Fusion::fused ? "fused" : "composed", dcexp::precision_text(o.precision));
+  if (group.size() > 1)
+    std::printf("data-parallel: %d ranks (%s); batch is the global batch, each rank takes batch/%d\n",
+                group.size(), group.comm->backend().c_str(), group.size());
   std::printf("%8s %12s %12s %12s %14s %10s\n", "batch", "median ms", "p10 ms", "p90 ms", "images/s",
               "mallocs");
   for (const std::int64_t B : o.bench) {
@@ -136,9 +175,12 @@ int run_bench(const Options& o) {
     cfg.width = o.width;
     const Model model = Model::create(cfg, device, o.seed);
     dualcast::SGD opt(model.params(), 0.01, 0.9, 5e-4);
-    const Batch batch = random_batch(B, cfg.classes, device, o.seed + 7);
+    const std::int64_t local = B / group.size();
+    const Batch batch = random_batch(local, cfg.classes, device, o.seed + 7 + 1000 * static_cast<std::uint64_t>(group.rank()));
     const auto scaler = dcexp::make_scaler(o.precision, device);
-    Step step{model, opt, batch, o.fusion, o.label_smoothing, o.precision, scaler.get(), Tensor()};
+    std::unique_ptr<dualcast::dist::DataParallel> ddp;
+    if (group.size() > 1) ddp = std::make_unique<dualcast::dist::DataParallel>(*group.comm, model.params());
+    Step step{model, opt, batch, o.fusion, o.label_smoothing, o.precision, scaler.get(), ddp.get(), Tensor()};
     // The first steps search cuDNN's algorithms and fill the allocator's cache: warm up before
     // counting allocations.
     for (int i = 0; i < 3; ++i) step();
@@ -148,6 +190,8 @@ int run_bench(const Options& o) {
     const std::int64_t new_mallocs = dualcast::memory_stats(device).device_malloc_calls - mallocs_before;
     json r = times_json(t, B);
     r["batch"] = static_cast<long long>(B);
+    r["batch_per_gpu"] = static_cast<long long>(local);
+    r["gpus"] = group.size();
     r["new_device_mallocs_while_timed"] = static_cast<long long>(new_mallocs);
     r["peak_bytes_in_use"] = static_cast<long long>(dualcast::memory_stats(device).peak_bytes_in_use);
     r["loss_after"] = step.loss.item();
@@ -164,6 +208,7 @@ int run_bench(const Options& o) {
       std::printf("%8s captured: skipped (no dualcast::Graph in this build)\n", "");
 #endif
     }
+    if (ddp) time_data_parallel_parts(device, step, *ddp, o, B, r);
 #if defined(__CUDACC__)
     if (o.profile_step && device.is_cuda()) {
       // One more step inside a profiler range: `ncu --profile-from-start off` sees exactly one step.
@@ -177,7 +222,7 @@ int run_bench(const Options& o) {
 #endif
     results.push_back(std::move(r));
   }
-  if (!o.out.empty()) {
+  if (!o.out.empty() && group.is_root()) {
     namespace fs = std::filesystem;
     fs::create_directories(o.out);
     json js = json::object();
@@ -206,6 +251,8 @@ int run_bench(const Options& o) {
     js["input"] = "[B, 1, 28, 28]";
     js["device"] = device.str();
     js["device_name"] = dualcast::device_name(device);
+    js["gpus"] = group.size();
+    js["comm_backend"] = group.comm->backend();
     js["conv_backend"] = dualcast::conv_backend_name(device);
     js["time_utc"] = dcexp::iso_time();
     js["results"] = std::move(results);

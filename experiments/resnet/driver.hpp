@@ -35,6 +35,7 @@ struct Options {
   std::int64_t max_steps = 0;  ///< per epoch; 0: all
   std::uint64_t seed = 0;
   std::string device = "cpu";
+  int gpus = 1;  ///< --gpus: data-parallel ranks (experiments/common/distributed.hpp)
   std::string out;
   std::string name;
   bool expect_loss_decrease = false;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "../common/cli.hpp"
+#include "../common/distributed.hpp"
 #include "../common/json.hpp"
 #include "../common/report.hpp"
 #include "../mnist/model.hpp"  // gather_rows, epoch_permutation
@@ -67,6 +68,12 @@ training:
   --max-steps-per-epoch N   cut every epoch short (smoke tests)
   --seed N                  weights, subset, shuffling and augmentation (default 0)
   --device cpu|cuda|cuda:K  (default cpu)
+  --gpus N                  data-parallel over N ranks, one per GPU (cuda:0..N-1 with --device cuda,
+                            CPU processes with --device cpu), started through scripts/launch. --batch
+                            and the --bench sizes stay global batches: each rank takes batch/N
+                            images (which must divide evenly). Batch norm uses each rank's own
+                            statistics, as PyTorch's DistributedDataParallel does without SyncBatchNorm.
+                            Rank 0 prints and writes the results (default 1)
   --precision fp32|tf32|bf16|fp16
                             fp32 (default): float32, TF32 off; tf32: TF32 convolutions and matmuls;
                             bf16, fp16: the forward pass under Autocast (convolutions and the head in
@@ -141,6 +148,7 @@ Options parse(int argc, char** argv, bool& help) {
     else if (a == "--max-steps-per-epoch") o.max_steps = parse_int(a, next(), 1);
     else if (a == "--seed") o.seed = static_cast<std::uint64_t>(parse_int(a, next(), 0));
     else if (a == "--device") o.device = next();
+    else if (a == "--gpus") o.gpus = static_cast<int>(parse_int(a, next(), 1, 64));
     else if (a == "--precision") o.precision = dcexp::cli::parse_precision(next());
     else if (a == "--out") o.out = next();
     else if (a == "--name") o.name = next();
@@ -169,6 +177,12 @@ Options parse(int argc, char** argv, bool& help) {
   // peer_torch.py's validation judges the float32 step against float32 and float64 tolerances.
   if (!o.export_dir.empty() && o.precision != dcexp::Precision::fp32)
     throw UsageError("--export writes the fp32 step for peer_torch.py's validation; run it without --precision");
+  if (!o.export_dir.empty() && o.gpus > 1) throw UsageError("--export runs on one device; run it without --gpus");
+  for (const std::int64_t b : o.bench.empty() ? std::vector<std::int64_t>{o.batch} : o.bench)
+    if (b % o.gpus != 0)
+      throw UsageError((o.bench.empty() ? "--batch: " : "--bench: ") + std::to_string(b) +
+                       " does not split evenly over --gpus " + std::to_string(o.gpus));
+  dcexp::relaunch_if_requested(o.gpus, argc, argv);
   return o;
 }
 
@@ -251,6 +265,7 @@ void write_outputs(const Options& o, const std::string& stem, Device device, con
   js["augment_pad"] = static_cast<long long>(o.augment.pad);
   js["augment_flip"] = o.augment.flip;
   js["batch"] = static_cast<long long>(o.batch);
+  js["gpus"] = o.gpus;
   js["epochs"] = static_cast<long long>(epochs.size());
   js["seed"] = static_cast<long long>(o.seed);
   js["max_steps_per_epoch"] = static_cast<long long>(o.max_steps);
@@ -290,7 +305,8 @@ void write_outputs(const Options& o, const std::string& stem, Device device, con
 }
 
 int run_training(const Options& o) {
-  const Device device = dcexp::cli::parse_device(o.device);
+  const dcexp::DataParallelRun group = dcexp::join_group(o.gpus, dcexp::cli::parse_device(o.device));
+  const Device device = group.device;
   const dcexp::PrecisionScope precision(o.precision);
   const auto t_load = std::chrono::steady_clock::now();
   dualcast::Dataset train = dualcast::load_fashion_mnist(o.data, true);
@@ -318,6 +334,8 @@ int run_training(const Options& o) {
   else
     opt = std::make_unique<dualcast::Adam>(model.params(), o.lr, 0.9, 0.999, 1e-8, o.weight_decay);
   const auto scaler = dcexp::make_scaler(o.precision, device);
+  std::unique_ptr<dualcast::dist::DataParallel> ddp;
+  if (group.size() > 1) ddp = std::make_unique<dualcast::dist::DataParallel>(*group.comm, model.params());
 
   std::printf("resnet_train: ResNet-18 (CIFAR form) width %lld, %lld parameters, %s; %s lr %g (%s), "
               "momentum %g, weight decay %g, label smoothing %g, batch %lld, %d epochs, crop pad %lld, "
@@ -328,13 +346,17 @@ int run_training(const Options& o) {
               static_cast<long long>(o.batch), o.epochs, static_cast<long long>(o.augment.pad),
               o.augment.flip ? "on" : "off", static_cast<unsigned long long>(o.seed));
   std::printf("precision %s\n", dcexp::precision_text(o.precision));
+  if (ddp)
+    std::printf("data-parallel: %d ranks (%s), %lld images each per step\n", group.size(),
+                group.comm->backend().c_str(), static_cast<long long>(o.batch / group.size()));
   std::printf("device %s (%s), convolutions: %s; data %s: %lld of %lld train, %lld test, loaded in %.2f s\n",
               device.str().c_str(), dualcast::device_name(device).c_str(),
               dualcast::conv_backend_name(device).c_str(), o.data.c_str(), static_cast<long long>(n),
               static_cast<long long>(n_all), static_cast<long long>(n_test), load_seconds);
   std::fflush(stdout);
 
-  const std::int64_t steps_full = (n + o.batch - 1) / o.batch;
+  // Data-parallel runs drop a last partial batch (it would not split evenly over the ranks).
+  const std::int64_t steps_full = ddp ? n / o.batch : (n + o.batch - 1) / o.batch;
   const std::int64_t steps = o.max_steps > 0 ? std::min(steps_full, o.max_steps) : steps_full;
   const double total_steps = static_cast<double>(steps) * o.epochs;
   std::vector<EpochMetrics> history;
@@ -347,8 +369,10 @@ int run_training(const Options& o) {
     double loss_sum = 0, lr = o.lr;
     std::int64_t images = 0;
     for (std::int64_t s = 0; s < steps; ++s) {
-      const auto begin = static_cast<std::size_t>(s * o.batch);
-      const auto end = static_cast<std::size_t>(std::min(n, (s + 1) * o.batch));
+      const std::int64_t global_rows = std::min(n, (s + 1) * o.batch) - s * o.batch;
+      const std::int64_t part = global_rows / group.size();  // this rank's shard of the global batch
+      const auto begin = static_cast<std::size_t>(s * o.batch + group.rank() * part);
+      const auto end = begin + static_cast<std::size_t>(part);
       const Tensor idx = mnist::index_tensor(rows, begin, end, device);
       const Tensor x = resnet::gather_batch(train.images, idx, train.rows, train.cols, o.augment, o.seed,
                                             static_cast<std::uint64_t>(epoch) * 1000000ull + static_cast<std::uint64_t>(s));
@@ -358,12 +382,12 @@ int run_training(const Options& o) {
       opt->zero_grad();
       const Var logits = dcexp::autocast_forward(o.precision, [&] { return model.forward(Var(x), true, o.fusion); });
       Var loss = resnet::classification_loss(dcexp::float32(logits), y, o.label_smoothing);
-      dcexp::backward_and_step(scaler.get(), loss, *opt);
-      const double l = loss.item();
+      dcexp::backward_and_step(scaler.get(), loss, *opt, ddp.get());
+      const double l = ddp ? dualcast::dist::all_reduced(*group.comm, loss.value()).item() : loss.item();
       if (!std::isfinite(l))
         DUALCAST_FAIL("training diverged: loss ", l, " at epoch ", epoch, " step ", s + 1, " (try a smaller --lr)");
       loss_sum += l;
-      images += static_cast<std::int64_t>(end - begin);
+      images += global_rows;
       if (!o.quiet && ((s + 1) % 50 == 0 || s + 1 == steps)) {
         std::fprintf(stderr, "\repoch %d/%d step %lld/%lld loss %.4f lr %.4g %.1f s", epoch, o.epochs,
                      static_cast<long long>(s + 1), static_cast<long long>(steps),
@@ -404,7 +428,7 @@ int run_training(const Options& o) {
     stem = "resnet_w" + std::to_string(o.width) + "_" + dev;
     if (o.precision != dcexp::Precision::fp32) stem += std::string("_") + dcexp::precision_name(o.precision);
   }
-  if (!o.out.empty()) write_outputs(o, stem, device, model, n, n_test, load_seconds, history);
+  if (!o.out.empty() && group.is_root()) write_outputs(o, stem, device, model, n, n_test, load_seconds, history);
   if (o.expect_loss_decrease) {
     const double first = history.front().train_loss, last = history.back().train_loss;
     if (!(last < first)) {
