@@ -78,7 +78,16 @@ DataParallel::DataParallel(Communicator& comm, std::vector<Var> params, DataPara
     for (const Var& p : params_) values.push_back(p.value());
     return values;
   }(), 0);
-  comm_.wait();
+  // One reduction of each bucket's shapes now, so that whatever the collectives set up on first use
+  // (NCCL connects its channels lazily) is done before a step is captured in a Graph.
+  for (const Bucket& b : buckets_) {
+    std::vector<Tensor> zeros;
+    for (std::size_t k : b.members)
+      zeros.push_back(Tensor::zeros(params_[k].shape(), params_[k].dtype(), comm_.device()));
+    comm_.all_reduce(zeros, ReduceOp::average);
+    comm_.wait();
+  }
+  synchronize(comm_.device());
 
   for (std::size_t k = 0; k < params_.size(); ++k)
     hook_ids_.push_back(params_[k].add_grad_ready_hook([this, k] { on_ready(k); }));

@@ -54,7 +54,8 @@ std::string self_path() {
 
 LaunchResult launch_self(int ranks, const std::string& env = "") {
   const std::string err = ::testing::TempDir() + "launch_stderr_" + std::to_string(::getpid()) + ".txt";
-  const std::string cmd = env + " python3 " DUALCAST_SOURCE_DIR "/scripts/launch --gpus " +
+  // timeout: a hang (the bug these tests exist to catch) fails the test instead of stalling the suite.
+  const std::string cmd = env + " timeout -k 5 120 python3 " DUALCAST_SOURCE_DIR "/scripts/launch --gpus " +
                           std::to_string(ranks) + " -- '" + self_path() + "' --gtest_filter='" +
                           current_test_name() + "' >" + err + " 2>&1";
   const auto t0 = std::chrono::steady_clock::now();

@@ -9,6 +9,7 @@
 #include <memory>
 #include <sstream>
 
+#include "dualcast/data_parallel.hpp"
 #include "dualcast/error.hpp"
 #include "dualcast/graph.hpp"
 #include "dualcast/ops/elementwise.hpp"
@@ -186,14 +187,25 @@ TrainLog train_charlm(const TrainConfig& cfg, std::function<void(int step, doubl
   const std::int64_t n_train = static_cast<std::int64_t>(corpus.train.size());
   DUALCAST_CHECK(n_train >= T + 1, "train_charlm: the training split (", n_train,
                  " chars) is shorter than one window of T+1 = ", T + 1);
+  const bool parallel = cfg.comm != nullptr && cfg.comm->size() > 1;
+  DUALCAST_CHECK(!parallel || B % cfg.comm->size() == 0, "train_charlm: batch ", B, " does not split evenly over ",
+                 cfg.comm->size(), " ranks");
+  // This rank's columns of a [T+1, B] minibatch (all of it on one process).
+  auto mine = [&](const Tensor& tokens) { return parallel ? dist::shard(tokens, *cfg.comm, 1) : tokens; };
   // Validation batches: window j*B + b (stride T) in column b of batch j.
   std::vector<Tensor> valid = validation_batches(corpus.valid, T, B, cfg.valid_batches);
-  for (Tensor& v : valid) v = v.to(cfg.net.device);
+  for (Tensor& v : valid) v = mine(v.to(cfg.net.device));
   auto train_batch = [&](int step) {
-    return window_batch(corpus.train, train_offsets(n_train, T, B, cfg.data_seed, step), T).to(cfg.net.device);
+    return mine(window_batch(corpus.train, train_offsets(n_train, T, B, cfg.data_seed, step), T).to(cfg.net.device));
   };
+  // A loss averaged over the ranks (each computed on the rank's columns).
+  auto global = [&](const Tensor& loss) { return parallel ? dist::all_reduced(*cfg.comm, loss).item() : loss.item(); };
 
-  HmlstmNetwork net(cfg.net);
+  NetworkConfig local = cfg.net;
+  if (parallel) local.batch = B / cfg.comm->size();
+  HmlstmNetwork net(local);
+  std::unique_ptr<dist::DataParallel> ddp;
+  if (parallel) ddp = std::make_unique<dist::DataParallel>(*cfg.comm, net.params());
   std::unique_ptr<optim::Optimizer> opt;
   if (cfg.adam) opt = std::make_unique<optim::Adam>(net.params(), cfg.lr);
   else opt = std::make_unique<optim::SGD>(net.params(), cfg.lr);
@@ -205,7 +217,7 @@ TrainLog train_charlm(const TrainConfig& cfg, std::function<void(int step, doubl
   auto evaluate = [&]() {
     NoGradGuard no_grad;
     double s = 0.0;
-    for (const Tensor& v : valid) s += net.loss(v).item();
+    for (const Tensor& v : valid) s += global(net.loss(v).value());
     return s / static_cast<double>(valid.size()) / kLn2;
   };
 
@@ -222,7 +234,7 @@ TrainLog train_charlm(const TrainConfig& cfg, std::function<void(int step, doubl
   {
     NoGradGuard no_grad;
     net.set_slope(slope_at(0));
-    const double first = net.loss(train_batch(0)).item() / kLn2;
+    const double first = global(net.loss(train_batch(0)).value()) / kLn2;
     record(0, first, 0.0);
   }
 
@@ -231,17 +243,22 @@ TrainLog train_charlm(const TrainConfig& cfg, std::function<void(int step, doubl
   // step reads (set_slope between replays). Eager, the same code runs each step.
   log.captured = cfg.captured;
   const Device dev = cfg.net.device;
-  Tensor tokens_in = Tensor::zeros({T + 1, B}, DType::float32, dev);
+  Tensor tokens_in = Tensor::zeros({T + 1, local.batch}, DType::float32, dev);
   Tensor loss_out = Tensor::zeros({}, cfg.net.dtype, dev);
   Tensor gnorm_out = Tensor::zeros({}, cfg.net.dtype, dev);
   auto train_step = [&] {
     opt->zero_grad();
     Var loss = net.loss(tokens_in);
     loss.backward();
+    if (ddp) ddp->finish();  // every rank clips and steps with the averaged gradients
     const Tensor gnorm = clip_grad_norm_on_device(net.params(), cfg.clip_norm);
     opt->step();
     loss_out.copy_(loss.value());
     gnorm_out.copy_(gnorm);
+    if (ddp) {
+      cfg.comm->all_reduce({loss_out}, dist::ReduceOp::average);  // stream-ordered: capturable
+      cfg.comm->wait();
+    }
   };
   Graph graph;
   if (cfg.captured) graph.capture(dev, train_step);

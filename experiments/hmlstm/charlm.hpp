@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "dualcast/communicator.hpp"
 #include "network.hpp"
 
 namespace hmlstm {
@@ -76,6 +77,12 @@ struct TrainConfig {
   /// into the step's static input and the slope through the network's device scalar. The same
   /// kernels run in the same order as in the eager run, so the curves are the same.
   bool captured = false;
+  /// Data-parallel (a group of more than one rank): net.batch stays the global batch; this rank's
+  /// network trains on its batch / size columns of every minibatch (which must divide evenly), the
+  /// gradients are averaged over the ranks (dualcast::dist::DataParallel) before clipping, and every
+  /// logged loss (training and validation, each on the rank's columns) is the average over the ranks:
+  /// the curve of one process on the whole batch, up to summation order.
+  dualcast::dist::Communicator* comm = nullptr;
 };
 
 struct TrainLog {

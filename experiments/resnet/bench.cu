@@ -20,6 +20,7 @@
 
 #include "../common/cli.hpp"
 #include "../common/distributed.hpp"
+#include "../common/dp_report.hpp"
 #include "../common/gpu_timing.hpp"
 #include "../common/json.hpp"
 #include "../common/report.hpp"
@@ -122,39 +123,6 @@ json time_captured(Device device, Step& step, const Options& o, std::int64_t B) 
 
 }  // namespace
 
-/// Data-parallel runs: the same step with the gradient average switched off (what each rank computes)
-/// and the average of all gradients alone, after the step, so that the report can say how much of
-/// the communication the backward hid: exposed = step - compute only; hidden = 1 - exposed / alone.
-void time_data_parallel_parts(Device device, Step& step, dualcast::dist::DataParallel& ddp, const Options& o,
-                              std::int64_t B, json& r) {
-  ddp.set_sync(false);
-  const dcexp::StepTimes local = time_step(device, [&] { step(); }, o.bench_warmup, o.bench_reps);
-  ddp.set_sync(true);
-  std::vector<Tensor> grads;
-  for (const Var& p : step.model.params()) grads.push_back(p.grad());
-  auto& comm = ddp.communicator();
-  const dcexp::StepTimes alone = time_step(
-      device, [&] { comm.all_reduce(grads, dualcast::dist::ReduceOp::average); comm.wait(); }, o.bench_warmup,
-      o.bench_reps);
-  const double step_ms = r["step_ms"]["median"].get<double>();
-  const double exposed = step_ms - local.primary().median;
-  const double ar = alone.primary().median;
-  r["compute_only"] = times_json(local, B);
-  r["allreduce_alone_ms"] = dcexp::summary_json(alone.primary());
-  std::size_t bytes = 0;
-  for (const Tensor& g : grads) bytes += g.nbytes();
-  r["gradient_bytes"] = static_cast<long long>(bytes);
-  r["allreduce_bus_gb_per_s"] = 2.0 * (comm.size() - 1) / comm.size() * static_cast<double>(bytes) / (ar * 1e6);
-  r["exposed_comm_ms"] = exposed;
-  r["hidden_comm_share"] = ar > 0 ? std::min(1.0, std::max(0.0, 1.0 - exposed / ar)) : 1.0;
-  r["buckets"] = static_cast<long long>(ddp.num_buckets());
-  r["buckets_launched_during_backward"] = static_cast<long long>(ddp.buckets_launched_early());
-  std::printf("%8s %12.3f compute only; all-reduce alone %.3f ms (%.0f GB/s bus), exposed %.3f ms, "
-              "%.0f%% hidden; %zu buckets, %zu launched during the backward\n",
-              "", local.primary().median, ar, r["allreduce_bus_gb_per_s"].get<double>(), exposed,
-              100.0 * r["hidden_comm_share"].get<double>(), ddp.num_buckets(), ddp.buckets_launched_early());
-}
-
 int run_bench(const Options& o) {
   const dcexp::DataParallelRun group = dcexp::join_group(o.gpus, dcexp::cli::parse_device(o.device));
   const Device device = group.device;
@@ -208,7 +176,15 @@ int run_bench(const Options& o) {
       std::printf("%8s captured: skipped (no dualcast::Graph in this build)\n", "");
 #endif
     }
-    if (ddp) time_data_parallel_parts(device, step, *ddp, o, B, r);
+    if (ddp)
+      r["data_parallel"] = dcexp::time_data_parallel_parts(
+          device,
+          [&] {
+            ddp->set_sync(false);
+            step();
+            ddp->set_sync(true);
+          },
+          *ddp, model.params(), t.primary().median, o.bench_warmup, o.bench_reps);
 #if defined(__CUDACC__)
     if (o.profile_step && device.is_cuda()) {
       // One more step inside a profiler range: `ncu --profile-from-start off` sees exactly one step.

@@ -43,8 +43,9 @@ struct DataParallelOptions {
 
 class DataParallel {
  public:
-  /// Registers the hooks and broadcasts the parameters' values from rank 0 (stream-ordered; the
-  /// parameter lists of the ranks are compared first, which waits for the device). Every parameter
+  /// Registers the hooks and broadcasts the parameters' values from rank 0 (the parameter lists of
+  /// the ranks are compared first), then reduces each bucket's shapes once, so that the collectives'
+  /// lazy setup happens here and not inside a Graph capture. Waits for the device. Every parameter
   /// must be a leaf that requires a gradient, on the communicator's device, without duplicates.
   DataParallel(Communicator& comm, std::vector<Var> params, DataParallelOptions options = {});
   ~DataParallel();
