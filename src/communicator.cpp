@@ -83,6 +83,12 @@ class CpuCommunicator final : public Communicator {
     {
       std::lock_guard<std::mutex> lock(mu_);
       stop_ = true;
+      // Leaving with a collective in progress (this rank is unwinding after an error): its peers
+      // may never answer, so cut the connections rather than wait for the timeout.
+      if (busy_ || !queue_.empty()) {
+        queue_.clear();
+        rdv_->shutdown();
+      }
     }
     cv_.notify_all();
     worker_.join();

@@ -48,6 +48,10 @@ class NcclCommunicator final : public Communicator {
     ncclUniqueId id{};
     if (rank() == 0) DUALCAST_NCCL_CHECK(ncclGetUniqueId(&id), nullptr);
     rdv_->broadcast_from_root(&id, sizeof id, "NCCL unique id");
+    // One process per GPU: the rank's GPU becomes the thread's current device for good (PyTorch's
+    // torch.cuda.set_device(local_rank)), so that code using the current device (the user's own
+    // kernels, events, cudaDeviceSynchronize) works on this rank's GPU and not on GPU 0.
+    DUALCAST_CUDA_CHECK(cudaSetDevice(device.index));
     ::dualcast::detail::DeviceGuard guard(device);
     DUALCAST_NCCL_CHECK(ncclCommInitRank(&comm_, size(), id, rank()), nullptr);
     int priority_low = 0, priority_high = 0;
@@ -67,8 +71,18 @@ class NcclCommunicator final : public Communicator {
     stop_ = true;
     watchdog_.join();
     ::dualcast::detail::DeviceGuard guard(device_);
-    cudaStreamSynchronize(comm_stream_);
-    ncclCommDestroy(comm_);
+    // A collective still queued when the communicator goes (this rank is unwinding after an error,
+    // or a peer stopped) may never complete: wait a little, then abort it rather than hang the exit.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (cudaStreamQuery(comm_stream_) == cudaErrorNotReady && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (cudaStreamQuery(comm_stream_) == cudaSuccess) {
+      ncclCommDestroy(comm_);
+    } else {
+      std::fprintf(stderr, "dualcast: rank %d: a collective on %s did not finish; aborting the communicator\n",
+                   rank(), device_.str().c_str());
+      ncclCommAbort(comm_);
+    }
     cudaEventDestroy(ready_);
     cudaEventDestroy(done_);
     cudaStreamDestroy(comm_stream_);

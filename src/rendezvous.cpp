@@ -149,6 +149,11 @@ Rendezvous::Rendezvous(const Env& env) : rank_(env.rank), size_(env.world_size) 
   }
 }
 
+void Rendezvous::shutdown() {
+  for (int fd : fds_)
+    if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+}
+
 Rendezvous::~Rendezvous() {
   for (int fd : fds_)
     if (fd >= 0) close(fd);

@@ -41,6 +41,9 @@ class Rendezvous {
   void check_same(const std::string& mine, const char* what);
   /// Blocks until every rank has called it.
   void barrier(const char* what);
+  /// Shuts every connection down (a thread blocked in send or recv returns with an Error at once):
+  /// for leaving the group while a collective is still in progress.
+  void shutdown();
 
  private:
   int fd_of(int peer, const char* what) const;

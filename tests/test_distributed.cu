@@ -19,6 +19,9 @@
 #include <thread>
 
 #include "dualcast/dualcast.hpp"
+#if DUALCAST_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
 #include "test_util.hpp"
 
 namespace dualcast {
@@ -379,27 +382,46 @@ TEST_P(Backends, ARankThatFailsStopsEveryRankWithinSeconds) {
   DUALCAST_SKIP_UNLESS_RANKS(2);
   const char* fault = std::getenv("DUALCAST_TEST_FAULT");
   if (!Env::launched()) {
-    for (const char* how : {"error", "kill"}) {
+    // error: rank 1 fails while rank 0 waits in a collective; kill: rank 1 is killed there;
+    // pending: rank 1 fails with its own collective queued, which no peer will ever join (its exit
+    // must not wait for it).
+    for (const char* how : {"error", "kill", "pending"}) {
       const LaunchResult r = launch_self(2, std::string("DUALCAST_TEST_FAULT=") + how);
-      EXPECT_EQ(r.status, 1) << how << ":\n" << r.stderr_text;
-      EXPECT_LT(r.seconds, kFailureStopsGroupSeconds) << how;
+      EXPECT_NE(r.status, 0) << how << ":\n" << r.stderr_text;
+      EXPECT_LT(r.seconds, kFailureStopsGroupSeconds) << how << ":\n" << r.stderr_text;
       EXPECT_NE(r.stderr_text.find("launch: rank 1 "), std::string::npos) << how << ":\n" << r.stderr_text;
       if (std::string(how) == "kill")
         EXPECT_NE(r.stderr_text.find("SIGKILL"), std::string::npos) << r.stderr_text;
     }
     return;
   }
+  const std::string how = fault;
   auto comm = Communicator::from_environment(device());
   Tensor t = Tensor::ones({1000}, DType::float32, device());
   if (comm->rank() == 1) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // rank 0 is waiting in all_reduce
-    if (std::string(fault) == "kill") std::raise(SIGKILL);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // rank 0 is waiting by now
+    if (how == "kill") std::raise(SIGKILL);
+    if (how == "pending") comm->all_reduce({t}, ReduceOp::sum);
     throw Error("rank 1: failing on purpose (bad input)");
   }
-  comm->all_reduce({t}, ReduceOp::sum);
-  comm->wait();
-  (void)t.to_vector<double>();  // on a GPU the wait is here; the launcher stops this rank
+  if (how != "pending") {
+    comm->all_reduce({t}, ReduceOp::sum);
+    comm->wait();
+    (void)t.to_vector<double>();  // on a GPU the wait is here; the launcher stops this rank
+  }
   std::this_thread::sleep_for(std::chrono::seconds(60));
+}
+
+TEST_P(Backends, TheRanksGpuBecomesTheCurrentDevice) {
+  if (GetParam() == DeviceKind::cpu) GTEST_SKIP() << "CUDA only";
+  DUALCAST_SKIP_UNLESS_RANKS(2);
+  if (run_as_ranks(2)) return;
+  auto comm = Communicator::from_environment(device());
+#if DUALCAST_WITH_CUDA
+  int current = -1;
+  ASSERT_EQ(cudaGetDevice(&current), cudaSuccess);
+  EXPECT_EQ(current, comm->env().local_rank);
+#endif
 }
 
 TEST(DistributedFaults, APeerThatNeverComesIsATimeoutNotAHang) {

@@ -60,7 +60,9 @@ class Communicator {
  public:
   /// Joins the group `env` describes, for tensors on `device`: NCCL for a CUDA device (an Error
   /// when the build has no NCCL), the CPU collective for the CPU. Blocks until every rank has
-  /// joined (or the timeout). A group of one needs no sockets and runs no communication.
+  /// joined (or the timeout). A group of one needs no sockets and runs no communication. With NCCL,
+  /// `device` also becomes the calling thread's current CUDA device (one process per GPU, as
+  /// torch.cuda.set_device), so code that uses the current device runs on the rank's GPU.
   static std::unique_ptr<Communicator> create(const Env& env, Device device);
   /// create(Env::from_environment(), device).
   static std::unique_ptr<Communicator> from_environment(Device device);
