@@ -127,6 +127,8 @@ def torch_launcher(py):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--commit", default="", help="the commit the build holds (the device's copy of the tree has "
+                    "no .git of its own, or a stale one: pass $(git rev-parse HEAD) from the checkout)")
     ap.add_argument("--build", default="build/release", help="build folder with experiments/resnet/resnet_train "
                     "and experiments/hmlstm/hmlstm_dp")
     ap.add_argument("--out", default="results/scaling")
@@ -199,7 +201,7 @@ def main():
     study = {"what": "data-parallel scaling, dualcast vs PyTorch DDP", "gpus_list": gpus_list, "models": models,
              "reps": args.reps, "warmup": args.warmup, "nvidia_smi": smi, "device_name": first("device_name"),
              "comm_backend": first("comm_backend"), "torch_version": first("torch_version"),
-             "nccl_version": first("nccl_version"), "precision": "float32, TF32 off", "commit": git_commit(),
+             "nccl_version": first("nccl_version"), "precision": "float32, TF32 off", "commit": args.commit or git_commit(),
              "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
              "seconds": round(time.time() - t_start, 1), "runs": runs,
              "derived": derive(runs, gpus_list, models)}
