@@ -424,38 +424,6 @@ TEST_P(Backends, TheRanksGpuBecomesTheCurrentDevice) {
 #endif
 }
 
-TEST_P(Backends, ABarrierAgainstACollectiveIsAnErrorOnBothRanks) {
-  if (GetParam() != DeviceKind::cpu) GTEST_SKIP() << "the CPU collective's own protocol";
-  if (run_as_ranks(2)) return;
-  auto comm = Communicator::from_environment(Device::cpu());
-  try {
-    if (comm->rank() == 0) {
-      comm->barrier();
-    } else {
-      Tensor t = Tensor::ones({3});
-      comm->all_reduce({t}, ReduceOp::sum);
-      comm->wait();
-    }
-    ADD_FAILURE() << "no error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("same collectives in the same order"), std::string::npos) << e.what();
-  }
-}
-
-TEST_P(Backends, RanksWithDifferentModelsAllRefuseToStart) {
-  if (GetParam() != DeviceKind::cpu) GTEST_SKIP() << "checked on the CPU collective (the check is backend-free)";
-  if (run_as_ranks(3)) return;
-  auto comm = Communicator::from_environment(Device::cpu());
-  std::vector<Var> params{Var::param(Tensor::ones({4, 4}))};
-  if (comm->rank() == 2) params.push_back(Var::param(Tensor::ones({4})));  // one rank built more
-  try {
-    DataParallel ddp(*comm, params);
-    ADD_FAILURE() << "no error on rank " << comm->rank();
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("parameter lists differ"), std::string::npos) << e.what();
-  }
-}
-
 TEST(DistributedFaults, APeerThatNeverComesIsATimeoutNotAHang) {
   if (!Env::launched()) {
     const LaunchResult r = launch_self(2, "DUALCAST_DIST_TIMEOUT=3");
