@@ -398,6 +398,11 @@ TEST_P(Backends, ARankThatFailsStopsEveryRankWithinSeconds) {
   const std::string how = fault;
   auto comm = Communicator::from_environment(device());
   Tensor t = Tensor::ones({1000}, DType::float32, device());
+  // One collective that completes first: NCCL connects its channels at the first collective, which
+  // blocks the host until the peer joins; the faults below happen in a running group.
+  comm->all_reduce({t}, ReduceOp::sum);
+  comm->wait();
+  (void)t.to_vector<double>();
   if (comm->rank() == 1) {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));  // rank 0 is waiting by now
     if (how == "kill") std::raise(SIGKILL);
@@ -422,6 +427,38 @@ TEST_P(Backends, TheRanksGpuBecomesTheCurrentDevice) {
   ASSERT_EQ(cudaGetDevice(&current), cudaSuccess);
   EXPECT_EQ(current, comm->env().local_rank);
 #endif
+}
+
+TEST_P(Backends, ABarrierAgainstACollectiveIsAnErrorOnBothRanks) {
+  if (GetParam() != DeviceKind::cpu) GTEST_SKIP() << "the CPU collective's own protocol";
+  if (run_as_ranks(2)) return;
+  auto comm = Communicator::from_environment(Device::cpu());
+  try {
+    if (comm->rank() == 0) {
+      comm->barrier();
+    } else {
+      Tensor t = Tensor::ones({3});
+      comm->all_reduce({t}, ReduceOp::sum);
+      comm->wait();
+    }
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("same collectives in the same order"), std::string::npos) << e.what();
+  }
+}
+
+TEST_P(Backends, RanksWithDifferentModelsAllRefuseToStart) {
+  if (GetParam() != DeviceKind::cpu) GTEST_SKIP() << "checked on the CPU collective (the check is backend-free)";
+  if (run_as_ranks(3)) return;
+  auto comm = Communicator::from_environment(Device::cpu());
+  std::vector<Var> params{Var::param(Tensor::ones({4, 4}))};
+  if (comm->rank() == 2) params.push_back(Var::param(Tensor::ones({4})));  // one rank built more
+  try {
+    DataParallel ddp(*comm, params);
+    ADD_FAILURE() << "no error on rank " << comm->rank();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("parameter lists differ"), std::string::npos) << e.what();
+  }
 }
 
 TEST(DistributedFaults, APeerThatNeverComesIsATimeoutNotAHang) {

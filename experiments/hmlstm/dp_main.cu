@@ -149,10 +149,13 @@ json bench(const Options& o, const hmlstm::NetworkConfig& global, dcexp::DataPar
   r["graph_nodes"] = static_cast<long long>(graph.num_nodes());
   if (ddp) {
     // The captured step's parts: the same step captured without the gradient average.
+    // (sync is switched inside the lambda: on the CPU a Graph replays the lambda itself.)
     dualcast::Graph local_graph;
-    ddp->set_sync(false);
-    local_graph.capture(group.device, step);
-    ddp->set_sync(true);
+    local_graph.capture(group.device, [&] {
+      ddp->set_sync(false);
+      step();
+      ddp->set_sync(true);
+    });
     r["data_parallel"] = dcexp::time_data_parallel_parts(group.device, [&] { local_graph.replay(); }, *ddp,
                                                          net.params(), captured.primary().median, o.warmup, o.reps);
   }

@@ -361,8 +361,9 @@ int run(const Options& o) {
               static_cast<long long>(n), static_cast<long long>(test.size()), load_seconds);
   std::fflush(stdout);
 
-  // Data-parallel runs drop a last partial batch (it would not split evenly over the ranks).
-  const std::int64_t steps_full = ddp ? n / o.batch : (n + o.batch - 1) / o.batch;
+  // Data-parallel runs drop a last partial batch that would not split evenly over the ranks.
+  const bool keep_last = n % o.batch != 0 && (n % o.batch) % group.size() == 0;
+  const std::int64_t steps_full = n / o.batch + (n % o.batch != 0 && (!ddp || keep_last) ? 1 : 0);
   const std::int64_t steps = o.max_steps > 0 ? std::min(steps_full, o.max_steps) : steps_full;
   std::vector<EpochMetrics> history;
   for (int epoch = 1; epoch <= o.epochs; ++epoch) {

@@ -355,8 +355,9 @@ int run_training(const Options& o) {
               static_cast<long long>(n_all), static_cast<long long>(n_test), load_seconds);
   std::fflush(stdout);
 
-  // Data-parallel runs drop a last partial batch (it would not split evenly over the ranks).
-  const std::int64_t steps_full = ddp ? n / o.batch : (n + o.batch - 1) / o.batch;
+  // Data-parallel runs drop a last partial batch that would not split evenly over the ranks.
+  const bool keep_last = n % o.batch != 0 && (n % o.batch) % group.size() == 0;
+  const std::int64_t steps_full = n / o.batch + (n % o.batch != 0 && (!ddp || keep_last) ? 1 : 0);
   const std::int64_t steps = o.max_steps > 0 ? std::min(steps_full, o.max_steps) : steps_full;
   const double total_steps = static_cast<double>(steps) * o.epochs;
   std::vector<EpochMetrics> history;
@@ -375,7 +376,8 @@ int run_training(const Options& o) {
       const auto end = begin + static_cast<std::size_t>(part);
       const Tensor idx = mnist::index_tensor(rows, begin, end, device);
       const Tensor x = resnet::gather_batch(train.images, idx, train.rows, train.cols, o.augment, o.seed,
-                                            static_cast<std::uint64_t>(epoch) * 1000000ull + static_cast<std::uint64_t>(s));
+                                            static_cast<std::uint64_t>(epoch) * 1000000ull + static_cast<std::uint64_t>(s),
+                                            group.rank() * part);
       const Tensor y = mnist::gather_rows(train.labels, idx);
       lr = lr_at(o, static_cast<double>((epoch - 1) * steps + s) / total_steps);
       opt->set_lr(lr);
