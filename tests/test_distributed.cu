@@ -150,6 +150,38 @@ TEST(DistributedEnv, MalformedVariablesAreErrorsNamingThem) {
   EXPECT_EQ(Env::from_environment().world_size, 1);
 }
 
+TEST(DistributedBadInput, CommunicatorAndDataParallelRefuseBadArgumentsClearly) {
+  if (Env::launched()) GTEST_SKIP() << "run without a launcher";
+  auto expect_error = [](auto&& f, const char* needle) {
+    try {
+      f();
+      ADD_FAILURE() << "no error; expected one containing '" << needle << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  Env two;
+  two.world_size = 2;
+  two.rank = 2;
+  two.master_port = 29500;
+  expect_error([&] { (void)Communicator::create(two, Device::cpu()); }, "rank 2 is not in a group of 2");
+  two.rank = 1;
+  two.master_port = 0;
+  expect_error([&] { (void)Communicator::create(two, Device::cpu()); }, "needs a master_port");
+  auto one = Communicator::create(Env{}, Device::cpu());
+  Var w = Var::param(Tensor::ones({3}));
+  expect_error([&] { DataParallel ddp(*one, {}); }, "the parameter list is empty");
+  expect_error([&] { DataParallel ddp(*one, {Var(Tensor::ones({3}))}); }, "is not a leaf that requires a gradient");
+  expect_error([&] { DataParallel ddp(*one, {w * 2.0}); }, "is not a leaf that requires a gradient");
+  expect_error([&] { DataParallel ddp(*one, {w, w}); }, "appears twice");
+  expect_error([&] { one->all_reduce({Tensor()}, ReduceOp::sum); }, "tensor 0 is undefined");
+  // The library keeps working: a good DataParallel on the same communicator.
+  DataParallel ddp(*one, {w});
+  sum(w * 2.0).backward();
+  ddp.finish();
+  EXPECT_EQ(w.grad().to_vector<double>(), std::vector<double>(3, 2.0));
+}
+
 // ---- the tape hook DataParallel builds on -----------------------------------------------------
 
 TEST(GradReadyHook, FiresOnceWithTheFinalGradientBeforeTheBackwardEnds) {
