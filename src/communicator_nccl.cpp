@@ -12,7 +12,11 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
+#include <mutex>
 #include <thread>
+
+#include "dualcast/graph.hpp"
 
 #include "dualcast/stream.hpp"
 #endif
@@ -54,16 +58,22 @@ class NcclCommunicator final : public Communicator {
     DUALCAST_CUDA_CHECK(cudaSetDevice(device.index));
     ::dualcast::detail::DeviceGuard guard(device);
     DUALCAST_NCCL_CHECK(ncclCommInitRank(&comm_, size(), id, rank()), nullptr);
-    int priority_low = 0, priority_high = 0;
-    DUALCAST_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&priority_low, &priority_high));
-    // High priority, as PyTorch's NCCL streams: a bucket's reduction should not queue behind the
-    // backward's kernels, which are what it overlaps.
-    DUALCAST_CUDA_CHECK(cudaStreamCreateWithPriority(&comm_stream_, cudaStreamNonBlocking, priority_high));
-    DUALCAST_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
-    DUALCAST_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+    try {
+      int priority_low = 0, priority_high = 0;
+      DUALCAST_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&priority_low, &priority_high));
+      // High priority, as PyTorch's NCCL streams: a bucket's reduction should not queue behind the
+      // backward's kernels, which are what it overlaps.
+      DUALCAST_CUDA_CHECK(cudaStreamCreateWithPriority(&comm_stream_, cudaStreamNonBlocking, priority_high));
+      DUALCAST_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+      DUALCAST_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+    } catch (...) {
+      ncclCommDestroy(comm_);
+      throw;
+    }
     int v = 0;
     ncclGetVersion(&v);
     version_ = std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+    timeout_s_ = timeout_seconds();
     watchdog_ = std::thread([this] { watch(); });
   }
 
@@ -85,6 +95,7 @@ class NcclCommunicator final : public Communicator {
     }
     cudaEventDestroy(ready_);
     cudaEventDestroy(done_);
+    for (const Pending& p : pending_) cudaEventDestroy(p.event);
     cudaStreamDestroy(comm_stream_);
   }
 
@@ -93,13 +104,14 @@ class NcclCommunicator final : public Communicator {
   void all_reduce(const std::vector<Tensor>& tensors, ReduceOp op) override {
     check(tensors, "all_reduce");
     fork();
-    DUALCAST_NCCL_CHECK(ncclGroupStart(), comm_);
-    for (const Tensor& t : tensors)
-      DUALCAST_NCCL_CHECK(ncclAllReduce(t.raw_data(), t.raw_data(), static_cast<std::size_t>(t.numel()),
-                                        nccl_type(t.dtype()), op == ReduceOp::sum ? ncclSum : ncclAvg,
-                                        comm_, comm_stream_),
-                          comm_);
-    DUALCAST_NCCL_CHECK(ncclGroupEnd(), comm_);
+    grouped([&] {
+      for (const Tensor& t : tensors)
+        DUALCAST_NCCL_CHECK(ncclAllReduce(t.raw_data(), t.raw_data(), static_cast<std::size_t>(t.numel()),
+                                          nccl_type(t.dtype()), op == ReduceOp::sum ? ncclSum : ncclAvg,
+                                          comm_, comm_stream_),
+                            comm_);
+    });
+    queued(tensors);
   }
 
   void broadcast(const std::vector<Tensor>& tensors, int root) override {
@@ -107,20 +119,24 @@ class NcclCommunicator final : public Communicator {
     DUALCAST_CHECK(root >= 0 && root < size(), "dist::broadcast: root ", root, " is not a rank of a group of ",
                    size());
     fork();
-    DUALCAST_NCCL_CHECK(ncclGroupStart(), comm_);
-    for (const Tensor& t : tensors)
-      DUALCAST_NCCL_CHECK(ncclBroadcast(t.raw_data(), t.raw_data(), static_cast<std::size_t>(t.numel()),
-                                        nccl_type(t.dtype()), root, comm_, comm_stream_),
-                          comm_);
-    DUALCAST_NCCL_CHECK(ncclGroupEnd(), comm_);
+    grouped([&] {
+      for (const Tensor& t : tensors)
+        DUALCAST_NCCL_CHECK(ncclBroadcast(t.raw_data(), t.raw_data(), static_cast<std::size_t>(t.numel()),
+                                          nccl_type(t.dtype()), root, comm_, comm_stream_),
+                            comm_);
+    });
+    queued(tensors);
   }
 
   void wait() override {
-    if (!pending_) return;
+    if (!forked_) return;
     ::dualcast::detail::DeviceGuard guard(device_);
     DUALCAST_CUDA_CHECK(cudaEventRecord(done_, comm_stream_));
     DUALCAST_CUDA_CHECK(cudaStreamWaitEvent(::dualcast::detail::stream(device_), done_, 0));
-    pending_ = false;
+    forked_ = false;
+    // The device's stream now waits for the collectives: the tensors may go back to the caching
+    // allocator, whose next user of their blocks is ordered after them.
+    in_flight_.clear();
   }
 
   void barrier() override {
@@ -144,7 +160,34 @@ class NcclCommunicator final : public Communicator {
     ::dualcast::detail::DeviceGuard guard(device_);
     DUALCAST_CUDA_CHECK(cudaEventRecord(ready_, ::dualcast::detail::stream(device_)));
     DUALCAST_CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, ready_, 0));
-    pending_ = true;
+    forked_ = true;
+  }
+
+  /// f's NCCL calls as one group; the group is closed even when a call fails (else the thread's
+  /// next NCCL call would still be inside it).
+  template <class F>
+  void grouped(F&& f) {
+    DUALCAST_NCCL_CHECK(ncclGroupStart(), comm_);
+    try {
+      f();
+    } catch (...) {
+      ncclGroupEnd();
+      throw;
+    }
+    DUALCAST_NCCL_CHECK(ncclGroupEnd(), comm_);
+  }
+
+  /// After a collective is queued: NCCL holds only the tensors' pointers, so the communicator holds
+  /// the tensors until wait(); outside a capture, an event marks the collective's end for the
+  /// watchdog's timeout.
+  void queued(const std::vector<Tensor>& tensors) {
+    in_flight_.insert(in_flight_.end(), tensors.begin(), tensors.end());
+    if (capturing(device_)) return;  // a replay's collectives are not tracked (no event to wait on)
+    cudaEvent_t e = nullptr;
+    DUALCAST_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    DUALCAST_CUDA_CHECK(cudaEventRecord(e, comm_stream_));
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.push_back({e, std::chrono::steady_clock::now()});
   }
 
   /// NCCL reports a failed peer or network asynchronously; a rank blocked in a collective would wait
@@ -153,23 +196,47 @@ class NcclCommunicator final : public Communicator {
   void watch() {
     while (!stop_) {
       ncclResult_t r = ncclSuccess;
-      if (ncclCommGetAsyncError(comm_, &r) == ncclSuccess && r != ncclSuccess && r != ncclInProgress) {
-        std::fprintf(stderr, "dualcast: rank %d: NCCL failed on %s: %s (%s); aborting the communicator "
-                     "and exiting\n", rank(), device_.str().c_str(), ncclGetErrorString(r),
-                     ncclGetLastError(comm_));
-        std::fflush(stderr);
-        ncclCommAbort(comm_);
-        std::_Exit(3);
+      if (ncclCommGetAsyncError(comm_, &r) == ncclSuccess && r != ncclSuccess && r != ncclInProgress)
+        fail(std::string(ncclGetErrorString(r)) + " (" + ncclGetLastError(comm_) + ")");
+      {
+        // A peer that stopped (killed, or gone without the launcher) leaves the collective waiting
+        // forever without any error: time the oldest queued collective out.
+        std::lock_guard<std::mutex> lock(mu_);
+        while (!pending_.empty() && cudaEventQuery(pending_.front().event) == cudaSuccess) {
+          cudaEventDestroy(pending_.front().event);
+          pending_.pop_front();
+        }
+        if (!pending_.empty() &&
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - pending_.front().queued).count() > timeout_s_)
+          fail("a collective queued " + std::to_string(static_cast<int>(timeout_s_)) +
+               " s ago has not finished (DUALCAST_DIST_TIMEOUT): a peer stopped, or never joined it");
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
   }
 
+  [[noreturn]] void fail(const std::string& why) {
+    std::fprintf(stderr, "dualcast: rank %d: NCCL on %s: %s; aborting the communicator and exiting\n", rank(),
+                 device_.str().c_str(), why.c_str());
+    std::fflush(stderr);
+    ncclCommAbort(comm_);
+    std::_Exit(3);
+  }
+
+  struct Pending {
+    cudaEvent_t event;
+    std::chrono::steady_clock::time_point queued;
+  };
+
   std::unique_ptr<Rendezvous> rdv_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t comm_stream_ = nullptr;
   cudaEvent_t ready_ = nullptr, done_ = nullptr;
-  bool pending_ = false;
+  bool forked_ = false;                 ///< collectives queued since the last wait()
+  std::vector<Tensor> in_flight_;       ///< their tensors, held until wait()
+  std::mutex mu_;                       ///< guards pending_ (the watchdog reads it)
+  std::deque<Pending> pending_;         ///< end events of queued collectives, oldest first
+  double timeout_s_ = 300;
   std::string version_;
   std::atomic<bool> stop_{false};
   std::thread watchdog_;

@@ -49,13 +49,19 @@ DataParallel::DataParallel(Communicator& comm, std::vector<Var> params, DataPara
   }
 
   // The ranks must hold the same parameters, or the buckets' collectives would not match.
+  // A rank whose sums differ from size x its own knows the lists differ; a second reduction of that
+  // verdict lets every rank know, so that none goes on into the broadcast alone.
   const std::vector<double> mine = signature(params_);
-  const Tensor sig = all_reduced(comm_, Tensor::from_vector<double>({3}, mine, comm_.device()), ReduceOp::sum);
-  const std::vector<double> sum = sig.to_vector<double>();
-  for (std::size_t k = 0; k < mine.size(); ++k)
-    DUALCAST_CHECK(sum[k] == mine[k] * comm_.size(), "DataParallel: rank ", comm_.rank(),
-                   ": the ranks' parameter lists differ (this rank has ", params_.size(),
-                   " parameters of ", mine[1], " elements); every rank must build the same model");
+  const std::vector<double> sum =
+      all_reduced(comm_, Tensor::from_vector<double>({3}, mine, comm_.device()), ReduceOp::sum).to_vector<double>();
+  bool differ = false;
+  for (std::size_t k = 0; k < mine.size(); ++k) differ = differ || sum[k] != mine[k] * comm_.size();
+  const double ranks_differing =
+      all_reduced(comm_, Tensor::full({1}, differ ? 1.0 : 0.0, DType::float64, comm_.device()), ReduceOp::sum).item();
+  DUALCAST_CHECK(ranks_differing == 0, "DataParallel: rank ", comm_.rank(),
+                 ": the ranks' parameter lists differ (this rank has ", params_.size(), " parameters of ",
+                 mine[1], " elements", differ ? "" : ", as most ranks do",
+                 "); every rank must build the same model");
 
   // Buckets in reverse parameter order: the last layers' gradients are the first to be final.
   bucket_of_.assign(params_.size(), 0);
@@ -97,6 +103,13 @@ DataParallel::~DataParallel() {
   for (std::size_t k = 0; k < params_.size(); ++k) params_[k].remove_grad_ready_hook(hook_ids_[k]);
 }
 
+void DataParallel::reset() {
+  next_ = 0;
+  launched_early_now_ = 0;
+  std::fill(ready_.begin(), ready_.end(), 0);
+  for (Bucket& b : buckets_) b.ready = 0;
+}
+
 void DataParallel::on_ready(std::size_t param) {
   if (!sync_) return;
   DUALCAST_CHECK(!ready_[param], "DataParallel: a second backward reached parameter ", param, " (shape ",
@@ -108,7 +121,12 @@ void DataParallel::on_ready(std::size_t param) {
   ++b.ready;
   // Launch, in order, every bucket that is complete.
   while (next_ < buckets_.size() && buckets_[next_].ready == buckets_[next_].members.size()) {
-    launch(next_++);
+    try {
+      launch(next_++);
+    } catch (...) {
+      reset();
+      throw;
+    }
     ++launched_early_now_;
   }
 }
@@ -134,12 +152,14 @@ void DataParallel::launch(std::size_t b) {
 void DataParallel::finish() {
   if (!sync_) return;
   launched_early_ = launched_early_now_;
-  while (next_ < buckets_.size()) launch(next_++);
-  comm_.wait();
-  next_ = 0;
-  launched_early_now_ = 0;
-  std::fill(ready_.begin(), ready_.end(), 0);
-  for (Bucket& b : buckets_) b.ready = 0;
+  try {
+    while (next_ < buckets_.size()) launch(next_++);
+    comm_.wait();
+  } catch (...) {
+    reset();  // the next step starts clean and reports its own errors, not "a second backward"
+    throw;
+  }
+  reset();
 }
 
 Tensor shard(const Tensor& batch, const Communicator& comm) { return shard(batch, comm, 0); }

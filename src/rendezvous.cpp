@@ -23,6 +23,8 @@ namespace dualcast::dist::detail {
 namespace {
 
 constexpr std::uint32_t kMagic = 0x64636173;  // "dcas": a stray connection is refused, not trusted
+// Longest description check_same accepts: a larger length means the byte streams are out of step.
+constexpr std::uint64_t kMaxDescription = std::uint64_t{1} << 20;
 
 struct Hello {
   std::uint32_t magic;
@@ -81,6 +83,17 @@ Rendezvous::Rendezvous(const Env& env) : rank_(env.rank), size_(env.world_size) 
   if (size_ == 1) return;
   const sockaddr_in addr = resolve(env);
   const auto t0 = Clock::now();
+  // Whatever the constructor opened is closed if it throws (the destructor would not run).
+  struct CloseOnThrow {
+    std::vector<int>& fds;
+    bool armed = true;
+    ~CloseOnThrow() {
+      if (!armed) return;
+      for (int& fd : fds)
+        if (fd >= 0) close(fd);
+      fds.clear();
+    }
+  } guard{fds_};
   const double timeout = timeout_seconds();
   if (rank_ == 0) {
     const int listener = socket(AF_INET, SOCK_STREAM, 0);
@@ -101,8 +114,6 @@ Rendezvous::Rendezvous(const Env& env) : rank_(env.rank), size_(env.world_size) 
       const int ready = left > 0 ? poll(&p, 1, static_cast<int>(left * 1000)) : 0;
       if (ready <= 0) {
         close(listener);
-        for (int fd : fds_)
-          if (fd >= 0) close(fd);
         DUALCAST_FAIL("dist: rank 0: only ", joined, " of ", size_, " ranks joined within ",
                       timeout, " s (DUALCAST_DIST_TIMEOUT); did every rank start?");
       }
@@ -147,6 +158,7 @@ Rendezvous::Rendezvous(const Env& env) : rank_(env.rank), size_(env.world_size) 
     std::int32_t ok = 0;
     recv(0, &ok, sizeof ok, "rendezvous");
   }
+  guard.armed = false;
 }
 
 void Rendezvous::shutdown() {
@@ -216,6 +228,8 @@ void Rendezvous::check_same(const std::string& mine, const char* what) {
     for (int k = 1; k < size_; ++k) {
       std::uint64_t n = 0;
       recv(k, &n, sizeof n, what);
+      DUALCAST_CHECK(n <= kMaxDescription, "dist: rank 0: ", what, ": rank ", k,
+                     " sent a description of ", n, " bytes: the ranks are out of step");
       std::string theirs(n, '\0');
       if (n > 0) recv(k, theirs.data(), n, what);
       if (verdict.empty() && theirs != mine)
@@ -232,6 +246,8 @@ void Rendezvous::check_same(const std::string& mine, const char* what) {
     if (n > 0) send(0, mine.data(), n, what);
     std::uint64_t m = 0;
     recv(0, &m, sizeof m, what);
+    DUALCAST_CHECK(m <= kMaxDescription, "dist: rank ", rank_, ": ", what, ": rank 0 sent ", m,
+                   " bytes: the ranks are out of step");
     verdict.assign(m, '\0');
     if (m > 0) recv(0, verdict.data(), m, what);
   }
@@ -246,15 +262,9 @@ std::string Rendezvous::detail_concat_mismatch(const char* what, int rank, const
 }
 
 void Rendezvous::barrier(const char* what) {
-  std::uint8_t token = 1;
-  if (size_ == 1) return;
-  if (rank_ == 0) {
-    for (int k = 1; k < size_; ++k) recv(k, &token, 1, what);
-    for (int k = 1; k < size_; ++k) send(k, &token, 1, what);
-  } else {
-    send(0, &token, 1, what);
-    recv(0, &token, 1, what);
-  }
+  // Through check_same, whose messages carry their length and what they are: a rank in a barrier
+  // while another runs a collective gets a clear mismatch, never a misread byte stream.
+  check_same("barrier", what);
 }
 
 }  // namespace dualcast::dist::detail

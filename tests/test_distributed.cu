@@ -150,6 +150,38 @@ TEST(DistributedEnv, MalformedVariablesAreErrorsNamingThem) {
   EXPECT_EQ(Env::from_environment().world_size, 1);
 }
 
+TEST(DistributedBadInput, CommunicatorAndDataParallelRefuseBadArgumentsClearly) {
+  if (Env::launched()) GTEST_SKIP() << "run without a launcher";
+  auto expect_error = [](auto&& f, const char* needle) {
+    try {
+      f();
+      ADD_FAILURE() << "no error; expected one containing '" << needle << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  Env two;
+  two.world_size = 2;
+  two.rank = 2;
+  two.master_port = 29500;
+  expect_error([&] { (void)Communicator::create(two, Device::cpu()); }, "rank 2 is not in a group of 2");
+  two.rank = 1;
+  two.master_port = 0;
+  expect_error([&] { (void)Communicator::create(two, Device::cpu()); }, "needs a master_port");
+  auto one = Communicator::create(Env{}, Device::cpu());
+  Var w = Var::param(Tensor::ones({3}));
+  expect_error([&] { DataParallel ddp(*one, {}); }, "the parameter list is empty");
+  expect_error([&] { DataParallel ddp(*one, {Var(Tensor::ones({3}))}); }, "is not a leaf that requires a gradient");
+  expect_error([&] { DataParallel ddp(*one, {w * 2.0}); }, "is not a leaf that requires a gradient");
+  expect_error([&] { DataParallel ddp(*one, {w, w}); }, "appears twice");
+  expect_error([&] { one->all_reduce({Tensor()}, ReduceOp::sum); }, "tensor 0 is undefined");
+  // The library keeps working: a good DataParallel on the same communicator.
+  DataParallel ddp(*one, {w});
+  sum(w * 2.0).backward();
+  ddp.finish();
+  EXPECT_EQ(w.grad().to_vector<double>(), std::vector<double>(3, 2.0));
+}
+
 // ---- the tape hook DataParallel builds on -----------------------------------------------------
 
 TEST(GradReadyHook, FiresOnceWithTheFinalGradientBeforeTheBackwardEnds) {
@@ -398,6 +430,11 @@ TEST_P(Backends, ARankThatFailsStopsEveryRankWithinSeconds) {
   const std::string how = fault;
   auto comm = Communicator::from_environment(device());
   Tensor t = Tensor::ones({1000}, DType::float32, device());
+  // One collective that completes first: NCCL connects its channels at the first collective, which
+  // blocks the host until the peer joins; the faults below happen in a running group.
+  comm->all_reduce({t}, ReduceOp::sum);
+  comm->wait();
+  (void)t.to_vector<double>();
   if (comm->rank() == 1) {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));  // rank 0 is waiting by now
     if (how == "kill") std::raise(SIGKILL);
@@ -422,6 +459,38 @@ TEST_P(Backends, TheRanksGpuBecomesTheCurrentDevice) {
   ASSERT_EQ(cudaGetDevice(&current), cudaSuccess);
   EXPECT_EQ(current, comm->env().local_rank);
 #endif
+}
+
+TEST_P(Backends, ABarrierAgainstACollectiveIsAnErrorOnBothRanks) {
+  if (GetParam() != DeviceKind::cpu) GTEST_SKIP() << "the CPU collective's own protocol";
+  if (run_as_ranks(2)) return;
+  auto comm = Communicator::from_environment(Device::cpu());
+  try {
+    if (comm->rank() == 0) {
+      comm->barrier();
+    } else {
+      Tensor t = Tensor::ones({3});
+      comm->all_reduce({t}, ReduceOp::sum);
+      comm->wait();
+    }
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("same collectives in the same order"), std::string::npos) << e.what();
+  }
+}
+
+TEST_P(Backends, RanksWithDifferentModelsAllRefuseToStart) {
+  if (GetParam() != DeviceKind::cpu) GTEST_SKIP() << "checked on the CPU collective (the check is backend-free)";
+  if (run_as_ranks(3)) return;
+  auto comm = Communicator::from_environment(Device::cpu());
+  std::vector<Var> params{Var::param(Tensor::ones({4, 4}))};
+  if (comm->rank() == 2) params.push_back(Var::param(Tensor::ones({4})));  // one rank built more
+  try {
+    DataParallel ddp(*comm, params);
+    ADD_FAILURE() << "no error on rank " << comm->rank();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("parameter lists differ"), std::string::npos) << e.what();
+  }
 }
 
 TEST(DistributedFaults, APeerThatNeverComesIsATimeoutNotAHang) {

@@ -10,6 +10,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -54,6 +56,27 @@ struct DataParallelRun {
   [[nodiscard]] int rank() const { return comm->rank(); }
   [[nodiscard]] int size() const { return comm->size(); }
   [[nodiscard]] bool is_root() const { return comm->rank() == 0; }
+
+  /// Steps of an epoch over n examples in global batches of `batch`: a last partial batch counts
+  /// when it splits evenly over the ranks (always, in a group of one).
+  [[nodiscard]] std::int64_t steps_per_epoch(std::int64_t n, std::int64_t batch) const {
+    const std::int64_t rem = n % batch;
+    return n / batch + (rem != 0 && rem % size() == 0 ? 1 : 0);
+  }
+  /// Where this rank's shard of global batch `step` lies in the epoch's order: rows [first, first +
+  /// count) of the `global` rows of that batch.
+  struct Rows {
+    std::int64_t first, count, global;
+  };
+  [[nodiscard]] Rows shard_rows(std::int64_t n, std::int64_t batch, std::int64_t step) const {
+    const std::int64_t global = std::min(n, (step + 1) * batch) - step * batch;
+    const std::int64_t count = global / size();
+    return {step * batch + rank() * count, count, global};
+  }
+  /// A per-rank loss averaged over the ranks (the loss itself in a group of one), on the host.
+  [[nodiscard]] double mean_over_ranks(const dualcast::Tensor& loss) const {
+    return size() > 1 ? dualcast::dist::all_reduced(*comm, loss).item() : loss.item();
+  }
 };
 
 /// Joins the group of --gpus `gpus` ranks: the device is cuda:LOCAL_RANK when `requested` is a CUDA

@@ -18,6 +18,7 @@
 #include "dualcast/optim.hpp"
 #include "dualcast/random.hpp"
 #include "network.hpp"
+#include "train_log_json.hpp"
 
 namespace {
 
@@ -58,7 +59,7 @@ Exit status: 0 on success, 1 for a runtime error, 2 for a command-line error.
 struct Options {
   int gpus = 1;
   std::string device;
-  int hidden = 0, batch = 0, seq = 0;  // 0: the device's default
+  int hidden = 0, batch = 0, seq = 0;  // 0 until parse settles the device's default
   hmlstm::CellMode mode = hmlstm::CellMode::mixed;
   bool bench = false;
   int reps = 30, warmup = 5;
@@ -99,7 +100,14 @@ Options parse(int argc, char** argv, bool& help) {
   if (help) return o;
   if (!o.bench && o.train_steps == 0) throw UsageError("nothing to do: give --bench and/or --train-steps N");
   if (!(o.lr > 0 && std::isfinite(o.lr))) throw UsageError("--lr: must be a finite number > 0");
-  if (o.batch > 0 && o.batch % o.gpus != 0)
+  // The device's defaults are settled here, so that a batch that does not split over the ranks is
+  // refused once, before any rank starts.
+  if (o.device.empty()) o.device = dualcast::cuda_available() ? "cuda" : "cpu";
+  const bool gpu = o.device.rfind("cuda", 0) == 0;
+  if (o.hidden == 0) o.hidden = gpu ? 512 : 64;
+  if (o.batch == 0) o.batch = gpu ? 64 : 8;
+  if (o.seq == 0) o.seq = gpu ? 100 : 20;
+  if (o.batch % o.gpus != 0)
     throw UsageError("--batch: " + std::to_string(o.batch) + " does not split evenly over --gpus " + std::to_string(o.gpus));
   dcexp::relaunch_if_requested(o.gpus, argc, argv);
   return o;
@@ -149,10 +157,13 @@ json bench(const Options& o, const hmlstm::NetworkConfig& global, dcexp::DataPar
   r["graph_nodes"] = static_cast<long long>(graph.num_nodes());
   if (ddp) {
     // The captured step's parts: the same step captured without the gradient average.
+    // (sync is switched inside the lambda: on the CPU a Graph replays the lambda itself.)
     dualcast::Graph local_graph;
-    ddp->set_sync(false);
-    local_graph.capture(group.device, step);
-    ddp->set_sync(true);
+    local_graph.capture(group.device, [&] {
+      ddp->set_sync(false);
+      step();
+      ddp->set_sync(true);
+    });
     r["data_parallel"] = dcexp::time_data_parallel_parts(group.device, [&] { local_graph.replay(); }, *ddp,
                                                          net.params(), captured.primary().median, o.warmup, o.reps);
   }
@@ -172,13 +183,7 @@ json train(const Options& o, const hmlstm::NetworkConfig& cfg, dcexp::DataParall
     std::printf("  step %4d: %.4f bits/char (training)\n", step, bpc);
     std::fflush(stdout);
   }) : hmlstm::TrainLog{};
-  json v = json::object();
-  v["step"] = log.step;
-  v["train_bpc"] = log.train_bpc;
-  v["valid_bpc"] = log.valid_bpc;
-  v["train_seconds"] = log.train_seconds;
-  v["ms_per_step"] = log.ms_per_step;
-  v["seconds"] = log.seconds;
+  json v = hmlstm::train_log_json(log);
   v["lr"] = o.lr;
   if (!log.valid_bpc.empty())
     std::printf("final validation %.4f bits/char after %d steps; %.3f ms/step, %.1f s training\n",
@@ -187,18 +192,14 @@ json train(const Options& o, const hmlstm::NetworkConfig& cfg, dcexp::DataParall
 }
 
 int run(const Options& o) {
-  const Device requested = dcexp::cli::parse_device(o.device.empty() ? (dualcast::cuda_available() ? "cuda" : "cpu") : o.device);
-  dcexp::DataParallelRun group = dcexp::join_group(o.gpus, requested);
-  const bool gpu = group.device.is_cuda();
+  dcexp::DataParallelRun group = dcexp::join_group(o.gpus, dcexp::cli::parse_device(o.device));
   hmlstm::NetworkConfig cfg;
-  cfg.hidden = o.hidden > 0 ? o.hidden : gpu ? 512 : 64;
-  cfg.batch = o.batch > 0 ? o.batch : gpu ? 64 : 8;
-  cfg.seq = o.seq > 0 ? o.seq : gpu ? 100 : 20;
+  cfg.hidden = o.hidden;
+  cfg.batch = o.batch;
+  cfg.seq = o.seq;
   cfg.vocab = hmlstm::kCharVocab;
   cfg.device = group.device;
   cfg.mode = o.mode;
-  if (cfg.batch % group.size() != 0)
-    throw UsageError("--batch: " + std::to_string(cfg.batch) + " does not split evenly over --gpus " + std::to_string(o.gpus));
   std::printf("hmlstm_dp: H=%d B=%d (global; %d per rank) T=%d, %s mode, %d rank(s) (%s) on %s\n", cfg.hidden,
               cfg.batch, cfg.batch / group.size(), cfg.seq, hmlstm::cell_mode_name(cfg.mode), group.size(),
               group.comm->backend().c_str(), dualcast::device_name(group.device).c_str());

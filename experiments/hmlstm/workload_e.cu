@@ -15,6 +15,7 @@
 #if DCEXP_HAVE_NETWORK
 #include "charlm.hpp"
 #include "network.hpp"
+#include "train_log_json.hpp"
 #endif
 
 namespace hmdriver {
@@ -97,22 +98,7 @@ WorkloadE run_workload_e(const Options& o, dualcast::Device device, Results& res
       log_line("  train " + cur_mode + " step " + std::to_string(step) + ": " + fmt("%.4f", bpc) + " bits/char");
     };
     const hmlstm::CurveComparison cc = hmlstm::compare_charlm_modes(tc, 0.0, progress);
-    auto log_json = [](const hmlstm::TrainLog& l) {
-      json v = json::object();
-      json st = json::array(), tr = json::array(), va = json::array(), sl = json::array();
-      for (auto s : l.step) st.push_back(s);
-      for (auto s : l.train_bpc) tr.push_back(s);
-      for (auto s : l.valid_bpc) va.push_back(s);
-      for (auto s : l.slope) sl.push_back(s);
-      v["step"] = st;
-      v["train_bpc"] = tr;
-      v["valid_bpc"] = va;
-      v["slope"] = sl;
-      v["seconds"] = l.seconds;
-      v["train_seconds"] = l.train_seconds;
-      v["ms_per_step"] = l.ms_per_step;
-      return v;
-    };
+    const auto log_json = hmlstm::train_log_json;
     r.training["config"] = r.variant + " steps=" + std::to_string(tc.steps) + " Adam lr " + fmt("%g", tc.lr) +
                          " slope " + fmt("%g", tc.net.slope) + "->" + fmt("%g", tc.slope_final);
     r.training["mixed"] = log_json(cc.mixed);

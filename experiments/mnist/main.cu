@@ -361,8 +361,8 @@ int run(const Options& o) {
               static_cast<long long>(n), static_cast<long long>(test.size()), load_seconds);
   std::fflush(stdout);
 
-  // Data-parallel runs drop a last partial batch (it would not split evenly over the ranks).
-  const std::int64_t steps_full = ddp ? n / o.batch : (n + o.batch - 1) / o.batch;
+  // Data-parallel runs drop a last partial batch that would not split evenly over the ranks.
+  const std::int64_t steps_full = group.steps_per_epoch(n, o.batch);
   const std::int64_t steps = o.max_steps > 0 ? std::min(steps_full, o.max_steps) : steps_full;
   std::vector<EpochMetrics> history;
   for (int epoch = 1; epoch <= o.epochs; ++epoch) {
@@ -372,10 +372,9 @@ int run(const Options& o) {
     const std::clock_t c0 = std::clock();
     double loss_sum = 0;
     for (std::int64_t s = 0; s < steps; ++s) {
-      const std::int64_t rows = std::min(n, (s + 1) * o.batch) - s * o.batch;
-      const std::int64_t part = rows / group.size();  // this rank's shard of the global batch
-      const auto begin = static_cast<std::size_t>(s * o.batch + group.rank() * part);
-      const auto end = begin + static_cast<std::size_t>(part);
+      const auto shard = group.shard_rows(n, o.batch, s);  // this rank's part of the global batch
+      const auto begin = static_cast<std::size_t>(shard.first);
+      const auto end = begin + static_cast<std::size_t>(shard.count);
       const Tensor idx = mnist::index_tensor(perm, begin, end, device);
       const Tensor x = mnist::gather_rows(train.images, idx);
       const Tensor y = mnist::gather_rows(train.labels, idx);
@@ -389,7 +388,7 @@ int run(const Options& o) {
       const Var logits = dcexp::autocast_forward(o.precision, [&] { return model.forward(Var(x)); });
       Var loss = dualcast::cross_entropy(dcexp::float32(logits), y);
       dcexp::backward_and_step(scaler.get(), loss, *opt, ddp.get());
-      const double l = ddp ? dualcast::dist::all_reduced(*group.comm, loss.value()).item() : loss.item();
+      const double l = group.mean_over_ranks(loss.value());
       if (!std::isfinite(l)) {
         bar.finish();
         DUALCAST_FAIL("training diverged: loss ", l, " at epoch ", epoch, " step ", s + 1,

@@ -355,8 +355,8 @@ int run_training(const Options& o) {
               static_cast<long long>(n_all), static_cast<long long>(n_test), load_seconds);
   std::fflush(stdout);
 
-  // Data-parallel runs drop a last partial batch (it would not split evenly over the ranks).
-  const std::int64_t steps_full = ddp ? n / o.batch : (n + o.batch - 1) / o.batch;
+  // Data-parallel runs drop a last partial batch that would not split evenly over the ranks.
+  const std::int64_t steps_full = group.steps_per_epoch(n, o.batch);
   const std::int64_t steps = o.max_steps > 0 ? std::min(steps_full, o.max_steps) : steps_full;
   const double total_steps = static_cast<double>(steps) * o.epochs;
   std::vector<EpochMetrics> history;
@@ -369,13 +369,13 @@ int run_training(const Options& o) {
     double loss_sum = 0, lr = o.lr;
     std::int64_t images = 0;
     for (std::int64_t s = 0; s < steps; ++s) {
-      const std::int64_t global_rows = std::min(n, (s + 1) * o.batch) - s * o.batch;
-      const std::int64_t part = global_rows / group.size();  // this rank's shard of the global batch
-      const auto begin = static_cast<std::size_t>(s * o.batch + group.rank() * part);
-      const auto end = begin + static_cast<std::size_t>(part);
+      const auto shard = group.shard_rows(n, o.batch, s);  // this rank's part of the global batch
+      const auto begin = static_cast<std::size_t>(shard.first);
+      const auto end = begin + static_cast<std::size_t>(shard.count);
       const Tensor idx = mnist::index_tensor(rows, begin, end, device);
       const Tensor x = resnet::gather_batch(train.images, idx, train.rows, train.cols, o.augment, o.seed,
-                                            static_cast<std::uint64_t>(epoch) * 1000000ull + static_cast<std::uint64_t>(s));
+                                            static_cast<std::uint64_t>(epoch) * 1000000ull + static_cast<std::uint64_t>(s),
+                                            shard.first - s * o.batch);
       const Tensor y = mnist::gather_rows(train.labels, idx);
       lr = lr_at(o, static_cast<double>((epoch - 1) * steps + s) / total_steps);
       opt->set_lr(lr);
@@ -383,11 +383,11 @@ int run_training(const Options& o) {
       const Var logits = dcexp::autocast_forward(o.precision, [&] { return model.forward(Var(x), true, o.fusion); });
       Var loss = resnet::classification_loss(dcexp::float32(logits), y, o.label_smoothing);
       dcexp::backward_and_step(scaler.get(), loss, *opt, ddp.get());
-      const double l = ddp ? dualcast::dist::all_reduced(*group.comm, loss.value()).item() : loss.item();
+      const double l = group.mean_over_ranks(loss.value());
       if (!std::isfinite(l))
         DUALCAST_FAIL("training diverged: loss ", l, " at epoch ", epoch, " step ", s + 1, " (try a smaller --lr)");
       loss_sum += l;
-      images += global_rows;
+      images += shard.global;
       if (!o.quiet && ((s + 1) % 50 == 0 || s + 1 == steps)) {
         std::fprintf(stderr, "\repoch %d/%d step %lld/%lld loss %.4f lr %.4g %.1f s", epoch, o.epochs,
                      static_cast<long long>(s + 1), static_cast<long long>(steps),

@@ -104,6 +104,7 @@ struct GatherBody {
   bool flip;
   float mean, inv_std;
   std::uint64_t key, stream;
+  std::int64_t first;  ///< position of row 0 in the global batch
   DUALCAST_HD void operator()(std::int64_t i) const {
     const std::int64_t plane = H * W;
     const std::int64_t b = i / plane, p = i - b * plane;
@@ -112,7 +113,7 @@ struct GatherBody {
     bool mirror = false;
     if (pad > 0 || flip) {
       const dualcast::random::U32x4 r =
-          dualcast::random::philox4x32(stream * 0x100000000ull + static_cast<std::uint64_t>(b), key);
+          dualcast::random::philox4x32(stream * 0x100000000ull + static_cast<std::uint64_t>(first + b), key);
       const auto span = static_cast<std::uint32_t>(2 * pad + 1);
       dy = static_cast<std::int64_t>(r.v[0] % span) - pad;
       dx = static_cast<std::int64_t>(r.v[1] % span) - pad;
@@ -220,7 +221,7 @@ std::int64_t Model::num_params() const {
 }
 
 Tensor gather_batch(const Tensor& images, const Tensor& index, std::int64_t height, std::int64_t width,
-                    const Augment& augment, std::uint64_t seed, std::uint64_t stream) {
+                    const Augment& augment, std::uint64_t seed, std::uint64_t stream, std::int64_t first) {
   DUALCAST_CHECK(images.dtype() == DType::float32 && index.dtype() == DType::float32 &&
                      images.rank() == 2 && images.shape()[1] == height * width &&
                      images.device() == index.device(),
@@ -233,7 +234,7 @@ Tensor gather_batch(const Tensor& images, const Tensor& index, std::int64_t heig
   dualcast::parallel_for(images.device(), out.numel(),
                          GatherBody{images.data<float>(), index.data<float>(), out.data<float>(), height,
                                     width, augment.pad, augment.flip, augment.mean, 1.0f / augment.std,
-                                    seed * 0x9E3779B97F4A7C15ull + 0x5851F42D4C957F2Dull, stream});
+                                    seed * 0x9E3779B97F4A7C15ull + 0x5851F42D4C957F2Dull, stream, first});
   return out;
 }
 

@@ -101,9 +101,10 @@ struct Augment {
 /// images [N, H*W] (float32 in [0, 1], on the device) -> batch [B, 1, H, W] of the rows `index`
 /// (float32 [B] row numbers), each shifted and flipped by its own draw of the counter-based generator
 /// keyed by (seed, stream, position in the batch), then normalised. One kernel; the same batch on every
-/// device.
+/// device. `first` is the position of row 0 in the global batch when `index` is one rank's shard of
+/// it (data-parallel), so that each image gets the draw a one-process run would give it.
 Tensor gather_batch(const Tensor& images, const Tensor& index, std::int64_t height, std::int64_t width,
-                    const Augment& augment, std::uint64_t seed, std::uint64_t stream);
+                    const Augment& augment, std::uint64_t seed, std::uint64_t stream, std::int64_t first = 0);
 
 /// Softmax cross-entropy, with label smoothing eps when eps > 0:
 /// (1 - eps) * CE + eps * mean over classes of -log_softmax (as torch's label_smoothing).

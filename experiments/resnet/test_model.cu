@@ -166,6 +166,26 @@ TEST_P(ResNet, AugmentedGatherIsAShiftAndMirrorTheSameOnEveryDevice) {
   }
 }
 
+TEST_P(ResNet, AShardGatheredAtItsOffsetIsThatSliceOfTheWholeBatch) {
+  // Data-parallel ranks gather their shard of a global batch: each image must get the crop and flip
+  // it gets in a one-process run of the whole batch.
+  const Device dev = GetParam();
+  std::vector<float> img;
+  for (int p = 0; p < 4 * 30; ++p) img.push_back(static_cast<float>(p + 1));
+  const Tensor images = Tensor::from_vector<float>({4, 30}, img, dev);
+  const std::vector<float> rows{3, 1, 0, 2, 1, 3};
+  resnet::Augment aug;
+  const auto whole = resnet::gather_batch(images, Tensor::from_vector<float>({6}, rows, dev), 6, 5, aug, 9, 4)
+                         .to_vector<float>();
+  const std::vector<float> tail(rows.begin() + 3, rows.end());
+  const auto shard = resnet::gather_batch(images, Tensor::from_vector<float>({3}, tail, dev), 6, 5, aug, 9, 4, 3)
+                         .to_vector<float>();
+  EXPECT_EQ(shard, std::vector<float>(whole.begin() + 3 * 30, whole.end()));
+  const auto unshifted = resnet::gather_batch(images, Tensor::from_vector<float>({3}, tail, dev), 6, 5, aug, 9, 4)
+                             .to_vector<float>();
+  EXPECT_NE(unshifted, shard) << "the offset changed nothing: the test would not see a missing offset";
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, ResNet, ::testing::ValuesIn(dualcast::testing::all_devices()),
                          [](const ::testing::TestParamInfo<Device>& info) {
                            return std::string(dualcast::testing::device_label(info.param));

@@ -18,8 +18,9 @@
 //               ddp.finish(); opt.step(); }
 //
 // finish() launches whatever the backward did not (a parameter no backward reached gets a zero
-// gradient, so every rank reduces the same tensors) and makes later device work wait for the
-// reductions. It records no host wait: a whole step with its collectives can be captured in a Graph
+// gradient, so every rank reduces the same tensors; unlike a one-process run, where it would have no
+// gradient and be skipped, the optimizer then updates it, weight decay and momentum included) and
+// makes later device work wait for the reductions. It records no host wait: a whole step with its collectives can be captured in a Graph
 // and replayed. Gradients are reduced in their parameters' dtypes (16-bit gradients included); with
 // GradScaler, unscale after finish(), so every rank sees the same gradients and skips the same steps.
 #pragma once
@@ -57,6 +58,9 @@ class DataParallel {
   void finish();
   /// false: backwards add to the gradients locally and reduce nothing (gradient accumulation, as
   /// PyTorch's no_sync()); the first backward after set_sync(true) reduces the accumulated sums.
+  /// A second backward before finish() is an Error, raised when its first gradient is final: by then
+  /// it has added into a gradient whose reduction may be running, so that step's gradients are lost
+  /// (zero them and start the step again).
   void set_sync(bool on) { sync_ = on; }
 
   [[nodiscard]] Communicator& communicator() const { return comm_; }
@@ -74,6 +78,7 @@ class DataParallel {
   };
   void on_ready(std::size_t param);
   void launch(std::size_t b);
+  void reset();  ///< forgets the step's readiness (after finish, or after a failed launch)
 
   Communicator& comm_;
   std::vector<Var> params_;
