@@ -31,6 +31,15 @@ std::vector<double> signature(const std::vector<Var>& params) {
 
 }  // namespace
 
+DataParallelOptions DataParallelOptions::with_bucket_mib(double mib) {
+  DUALCAST_CHECK(mib > 0 && mib <= 4096, "DataParallelOptions: a bucket of ", mib,
+                 " MiB is not in (0, 4096]");
+  DataParallelOptions o;
+  o.bucket_cap_bytes = static_cast<std::size_t>(mib * 1048576.0);
+  o.first_bucket_cap_bytes = std::min(o.first_bucket_cap_bytes, o.bucket_cap_bytes);
+  return o;
+}
+
 DataParallel::DataParallel(Communicator& comm, std::vector<Var> params, DataParallelOptions options)
     : comm_(comm), params_(std::move(params)) {
   DUALCAST_CHECK(!params_.empty(), "DataParallel: the parameter list is empty");
@@ -64,19 +73,29 @@ DataParallel::DataParallel(Communicator& comm, std::vector<Var> params, DataPara
                  "); every rank must build the same model");
 
   // Buckets in reverse parameter order: the last layers' gradients are the first to be final.
+  // A bucket holds one dtype, so that its gradients can live in one flat buffer.
   bucket_of_.assign(params_.size(), 0);
   std::size_t bytes = 0;
   for (std::size_t k = params_.size(); k-- > 0;) {
-    const std::size_t b = params_[k].value().nbytes();
+    const Tensor& v = params_[k].value();
+    const std::size_t b = v.nbytes();
     const std::size_t cap = buckets_.size() == 1 ? options.first_bucket_cap_bytes : options.bucket_cap_bytes;
-    if (buckets_.empty() || (bytes > 0 && bytes + b > cap)) {
+    if (buckets_.empty() || (bytes > 0 && bytes + b > cap) || v.dtype() != buckets_.back().dtype) {
       buckets_.emplace_back();
+      buckets_.back().dtype = v.dtype();
       bytes = 0;
     }
-    buckets_.back().members.push_back(k);
+    Bucket& bk = buckets_.back();
+    bk.offsets.push_back(bk.members.empty() ? 0 : bk.offsets.back() + params_[bk.members.back()].numel());
+    bk.members.push_back(k);
     bucket_of_[k] = buckets_.size() - 1;
     bytes += b;
   }
+  // A bucket of several gradients is reduced as one flat buffer: one collective of full-size
+  // messages instead of one per tensor (ResNet-18's 62 tensors include many of a few hundred bytes).
+  for (Bucket& bk : buckets_)
+    if (bk.members.size() > 1)
+      bk.flat = Tensor::zeros({bk.offsets.back() + params_[bk.members.back()].numel()}, bk.dtype, comm_.device());
   ready_.assign(params_.size(), 0);
 
   comm_.broadcast([&] {
@@ -87,10 +106,9 @@ DataParallel::DataParallel(Communicator& comm, std::vector<Var> params, DataPara
   // One reduction of each bucket's shapes now, so that whatever the collectives set up on first use
   // (NCCL connects its channels lazily) is done before a step is captured in a Graph.
   for (const Bucket& b : buckets_) {
-    std::vector<Tensor> zeros;
-    for (std::size_t k : b.members)
-      zeros.push_back(Tensor::zeros(params_[k].shape(), params_[k].dtype(), comm_.device()));
-    comm_.all_reduce(zeros, ReduceOp::average);
+    const Tensor zeros = b.flat.defined() ? b.flat
+                                          : Tensor::zeros(params_[b.members[0]].shape(), b.dtype, comm_.device());
+    comm_.all_reduce({zeros}, ReduceOp::average);
     comm_.wait();
   }
   synchronize(comm_.device());
@@ -132,21 +150,34 @@ void DataParallel::on_ready(std::size_t param) {
 }
 
 void DataParallel::launch(std::size_t b) {
-  std::vector<Tensor> grads;
-  for (std::size_t k : buckets_[b].members) {
-    VarState& s = *params_[k].state();
+  Bucket& bk = buckets_[b];
+  if (!bk.flat.defined()) {  // one gradient: reduced where it is
+    VarState& s = *params_[bk.members[0]].state();
     if (!s.grad.defined()) {
       // No backward reached it on this rank; another rank's may have: reduce zeros.
       s.grad = Tensor::zeros(s.value.shape(), s.value.dtype(), s.value.device());
-      s.grad_owned = true;
     } else if (!s.grad_owned) {
       // Its storage may be shared with a tensor the rest of the backward still reads.
       s.grad = s.grad.clone();
-      s.grad_owned = true;
     }
-    grads.push_back(s.grad);
+    s.grad_owned = true;
+    comm_.all_reduce({s.grad}, ReduceOp::average);
+    return;
   }
-  comm_.all_reduce(grads, ReduceOp::average);
+  // Several: each gradient is copied into its slot of the flat buffer and from then on IS that slot
+  // (as PyTorch's gradient_as_bucket_view), so the reduced values need no copy back. A gradient
+  // that already is its slot (accumulated into since the last step) is not copied.
+  for (std::size_t i = 0; i < bk.members.size(); ++i) {
+    VarState& s = *params_[bk.members[i]].state();
+    Tensor slot = bk.flat.narrow(bk.offsets[i], s.value.numel()).view(s.value.shape());
+    if (!s.grad.defined())
+      slot.fill_(0.0);  // no backward reached it on this rank; another rank's may have
+    else if (s.grad.raw_data() != slot.raw_data())
+      slot.copy_(s.grad);
+    s.grad = std::move(slot);
+    s.grad_owned = true;
+  }
+  comm_.all_reduce({bk.flat}, ReduceOp::average);
 }
 
 void DataParallel::finish() {

@@ -364,6 +364,45 @@ TEST_P(Backends, ASecondBackwardBeforeFinishIsAnError) {
   EXPECT_EQ(w.grad().to_vector<double>(), std::vector<double>(4, 1.0 + (comm->size() + 1) / 2.0));
 }
 
+TEST_P(Backends, ABucketOfSeveralGradientsAccumulatesAndReducesAsOne) {
+  DUALCAST_SKIP_UNLESS_RANKS(2);
+  if (run_as_ranks(2)) return;
+  auto comm = Communicator::from_environment(device());
+  Var w = Var::param(Tensor::ones({4}, DType::float64, device()));
+  Var v = Var::param(Tensor::ones({3}, DType::float64, device()));
+  Var s = Var::param(Tensor::ones({2}, DType::float32, device()));  // another dtype: its own bucket
+  DataParallel ddp(*comm, {w, v, s});
+  ASSERT_EQ(ddp.num_buckets(), 2u);
+  EXPECT_EQ(ddp.bucket(0), std::vector<std::size_t>{2});
+  EXPECT_EQ(ddp.bucket(1), (std::vector<std::size_t>{1, 0}));
+  const double r = comm->rank() + 1.0, mean_r = (comm->size() + 1) / 2.0;
+  auto backward = [&](double k) { (sum(w * k) + sum(v * (2.0 * k)) + cast(sum(s * (3.0 * k)), DType::float64)).backward(); };
+  // Local accumulation, then one reduction of the sums.
+  ddp.set_sync(false);
+  backward(1.0);
+  ddp.finish();
+  ddp.set_sync(true);
+  backward(r);
+  ddp.finish();
+  EXPECT_EQ(w.grad().to_vector<double>(), std::vector<double>(4, 1.0 + mean_r));
+  EXPECT_EQ(v.grad().to_vector<double>(), std::vector<double>(3, 2.0 * (1.0 + mean_r)));
+  EXPECT_EQ(s.grad().to_vector<double>(), std::vector<double>(2, 3.0 * (1.0 + mean_r)));
+  // Without zero_grad the next step adds into the reduced gradients (now the bucket's own storage).
+  backward(r);
+  ddp.finish();
+  EXPECT_EQ(w.grad().to_vector<double>(), std::vector<double>(4, 1.0 + 2.0 * mean_r));
+  EXPECT_EQ(v.grad().to_vector<double>(), std::vector<double>(3, 2.0 * (1.0 + 2.0 * mean_r)));
+  // After zero_grad a step starts from fresh gradients again.
+  w.zero_grad();
+  v.zero_grad();
+  s.zero_grad();
+  backward(r);
+  ddp.finish();
+  EXPECT_EQ(w.grad().to_vector<double>(), std::vector<double>(4, mean_r));
+  EXPECT_EQ(v.grad().to_vector<double>(), std::vector<double>(3, 2.0 * mean_r));
+  EXPECT_EQ(s.grad().to_vector<double>(), std::vector<double>(2, 3.0 * mean_r));
+}
+
 TEST_P(Backends, ACapturedDataParallelStepReplaysTheEagerSteps) {
   DUALCAST_SKIP_UNLESS_RANKS(2);
   if (run_as_ranks(2)) return;

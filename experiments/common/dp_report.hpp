@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdint>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "dualcast/data_parallel.hpp"
@@ -14,20 +16,26 @@ namespace dcexp {
 
 /// After the data-parallel step has been timed at step_ms (median): times `local_step`, the same step
 /// without the gradient average (what each rank computes: run under ddp.set_sync(false), or a graph
-/// captured so), then the average of all the gradients alone (one grouped all-reduce, nothing to
-/// overlap). exposed = step - compute only is what the communication adds; hidden = 1 - exposed /
+/// captured so), then the average of all the gradients' bytes alone (one flat all-reduce, nothing
+/// to overlap). exposed = step - compute only is what the communication adds; hidden = 1 - exposed /
 /// alone is the share of it the backward covered.
 inline json time_data_parallel_parts(dualcast::Device device, const std::function<void()>& local_step,
                                      dualcast::dist::DataParallel& ddp, const std::vector<dualcast::Var>& params,
                                      double step_ms, int warmup, int reps) {
   auto none = [](int) {};
   const StepTimes local = time_steps(device, none, [&](int) { local_step(); }, warmup, reps);
-  std::vector<dualcast::Tensor> grads;
+  // The ideal all-reduce: all the gradients' bytes as one flat tensor (as the PyTorch peer times
+  // it), or one per dtype when they are mixed.
+  std::vector<std::pair<dualcast::DType, std::int64_t>> elements;  // per dtype
   std::size_t bytes = 0;
   for (const dualcast::Var& p : params) {
-    grads.push_back(p.grad());
-    bytes += grads.back().nbytes();
+    bytes += p.value().nbytes();
+    auto same = std::find_if(elements.begin(), elements.end(), [&](const auto& e) { return e.first == p.dtype(); });
+    if (same == elements.end()) elements.emplace_back(p.dtype(), p.numel());
+    else same->second += p.numel();
   }
+  std::vector<dualcast::Tensor> grads;
+  for (const auto& [dtype, n] : elements) grads.push_back(dualcast::Tensor::zeros({n}, dtype, device));
   auto& comm = ddp.communicator();
   const StepTimes alone = time_steps(
       device, none,

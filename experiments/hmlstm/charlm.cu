@@ -205,7 +205,7 @@ TrainLog train_charlm(const TrainConfig& cfg, std::function<void(int step, doubl
   if (parallel) local.batch = B / cfg.comm->size();
   HmlstmNetwork net(local);
   std::unique_ptr<dist::DataParallel> ddp;
-  if (parallel) ddp = std::make_unique<dist::DataParallel>(*cfg.comm, net.params());
+  if (parallel) ddp = std::make_unique<dist::DataParallel>(*cfg.comm, net.params(), cfg.ddp_options);
   std::unique_ptr<optim::Optimizer> opt;
   if (cfg.adam) opt = std::make_unique<optim::Adam>(net.params(), cfg.lr);
   else opt = std::make_unique<optim::SGD>(net.params(), cfg.lr);

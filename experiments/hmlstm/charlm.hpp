@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "dualcast/communicator.hpp"
+#include "dualcast/data_parallel.hpp"
 #include "network.hpp"
 
 namespace hmlstm {
@@ -60,6 +61,12 @@ std::vector<std::int64_t> train_offsets(std::int64_t n_train, int T, int B, std:
 /// j*B + b (stride T) of `valid`. dualcast::Error when `valid` holds fewer than B windows.
 std::vector<Tensor> validation_batches(const std::vector<std::uint8_t>& valid, int T, int B, int max_batches);
 
+/// DataParallel's bucket size for this model: 4 MiB, so that each gate weight matrix ([H, 4H+1] floats,
+/// 4.2 MB at H 512) is a bucket. BPTT makes a layer's weight gradients final together, when its
+/// weight-gradient product runs at the end of the backward, top layer first; with PyTorch's 25 MiB
+/// one bucket would span layers 3, 2 and 1 and wait for layer 1, leaving nothing to overlap.
+inline constexpr double kDataParallelBucketMib = 4.0;
+
 struct TrainConfig {
   NetworkConfig net;  ///< net.vocab must be 64; net.slope is the starting slope
   int steps = 300;
@@ -83,6 +90,8 @@ struct TrainConfig {
   /// logged loss (training and validation, each on the rank's columns) is the average over the ranks:
   /// the curve of one process on the whole batch, up to summation order.
   dualcast::dist::Communicator* comm = nullptr;
+  dualcast::dist::DataParallelOptions ddp_options =
+      dualcast::dist::DataParallelOptions::with_bucket_mib(kDataParallelBucketMib);
 };
 
 struct TrainLog {

@@ -49,6 +49,8 @@ options:
   --reps N, --warmup N timed and untimed steps (default 30, 5)
   --train-steps N      character-LM steps (default 0: none)
   --lr X               Adam's learning rate for --train-steps (default 2e-3)
+  --bucket-mib X       gradient bucket size in MiB (default 4: one gate weight matrix per bucket,
+                       experiments/hmlstm/charlm.hpp says why)
   --corpus DIR         (default /usr/share/common-licenses)
   --out DIR, --name STEM   write DIR/STEM.json (default stem hmlstm_dp_gN)
   --help               this text
@@ -65,6 +67,7 @@ struct Options {
   int reps = 30, warmup = 5;
   int train_steps = 0;
   double lr = 2e-3;
+  double bucket_mib = hmlstm::kDataParallelBucketMib;
   std::string corpus = "/usr/share/common-licenses";
   std::string out, name;
 };
@@ -92,6 +95,7 @@ Options parse(int argc, char** argv, bool& help) {
     else if (a == "--warmup") o.warmup = static_cast<int>(parse_int(a, next(), 0));
     else if (a == "--train-steps") o.train_steps = static_cast<int>(parse_int(a, next(), 0));
     else if (a == "--lr") o.lr = parse_double(a, next());
+    else if (a == "--bucket-mib") o.bucket_mib = parse_double(a, next());
     else if (a == "--corpus") o.corpus = next();
     else if (a == "--out") o.out = next();
     else if (a == "--name") o.name = next();
@@ -100,6 +104,7 @@ Options parse(int argc, char** argv, bool& help) {
   if (help) return o;
   if (!o.bench && o.train_steps == 0) throw UsageError("nothing to do: give --bench and/or --train-steps N");
   if (!(o.lr > 0 && std::isfinite(o.lr))) throw UsageError("--lr: must be a finite number > 0");
+  if (!(o.bucket_mib > 0 && o.bucket_mib <= 4096)) throw UsageError("--bucket-mib: must lie in (0, 4096]");
   // The device's defaults are settled here, so that a batch that does not split over the ranks is
   // refused once, before any rank starts.
   if (o.device.empty()) o.device = dualcast::cuda_available() ? "cuda" : "cpu";
@@ -130,7 +135,8 @@ json bench(const Options& o, const hmlstm::NetworkConfig& global, dcexp::DataPar
   hmlstm::HmlstmNetwork net(local);
   dualcast::Adam opt(net.params(), 2e-3);
   std::unique_ptr<dualcast::dist::DataParallel> ddp;
-  if (group.size() > 1) ddp = std::make_unique<dualcast::dist::DataParallel>(*group.comm, net.params());
+  if (group.size() > 1) ddp = std::make_unique<dualcast::dist::DataParallel>(
+        *group.comm, net.params(), dualcast::dist::DataParallelOptions::with_bucket_mib(o.bucket_mib));
   const Tensor tokens = random_tokens(local.seq, local.batch, group.device, 11 + static_cast<std::uint64_t>(group.rank()));
   auto step = [&] {
     opt.zero_grad();
@@ -179,6 +185,7 @@ json train(const Options& o, const hmlstm::NetworkConfig& cfg, dcexp::DataParall
   tc.corpus_dir = o.corpus;
   tc.captured = true;
   tc.comm = group.comm.get();
+  tc.ddp_options = dualcast::dist::DataParallelOptions::with_bucket_mib(o.bucket_mib);
   const hmlstm::TrainLog log = tc.steps > 0 ? hmlstm::train_charlm(tc, [](int step, double bpc) {
     std::printf("  step %4d: %.4f bits/char (training)\n", step, bpc);
     std::fflush(stdout);

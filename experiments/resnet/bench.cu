@@ -147,7 +147,8 @@ int run_bench(const Options& o) {
     const Batch batch = random_batch(local, cfg.classes, device, o.seed + 7 + 1000 * static_cast<std::uint64_t>(group.rank()));
     const auto scaler = dcexp::make_scaler(o.precision, device);
     std::unique_ptr<dualcast::dist::DataParallel> ddp;
-    if (group.size() > 1) ddp = std::make_unique<dualcast::dist::DataParallel>(*group.comm, model.params());
+    if (group.size() > 1) ddp = std::make_unique<dualcast::dist::DataParallel>(*group.comm, model.params(),
+                                                                             dualcast::dist::DataParallelOptions::with_bucket_mib(o.bucket_mib));
     Step step{model, opt, batch, o.fusion, o.label_smoothing, o.precision, scaler.get(), ddp.get(), Tensor()};
     // The first steps search cuDNN's algorithms and fill the allocator's cache: warm up before
     // counting allocations.

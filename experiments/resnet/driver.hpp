@@ -36,6 +36,7 @@ struct Options {
   std::uint64_t seed = 0;
   std::string device = "cpu";
   int gpus = 1;  ///< --gpus: data-parallel ranks (experiments/common/distributed.hpp)
+  double bucket_mib = 25;  ///< --bucket-mib: DataParallel's bucket size
   std::string out;
   std::string name;
   bool expect_loss_decrease = false;

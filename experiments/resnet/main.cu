@@ -74,6 +74,7 @@ training:
                             images (which must divide evenly). Batch norm uses each rank's own
                             statistics, as PyTorch's DistributedDataParallel does without SyncBatchNorm.
                             Rank 0 prints and writes the results (default 1)
+  --bucket-mib X            with --gpus: gradient bucket size in MiB (default 25, PyTorch DDP's)
   --precision fp32|tf32|bf16|fp16
                             fp32 (default): float32, TF32 off; tf32: TF32 convolutions and matmuls;
                             bf16, fp16: the forward pass under Autocast (convolutions and the head in
@@ -149,6 +150,7 @@ Options parse(int argc, char** argv, bool& help) {
     else if (a == "--seed") o.seed = static_cast<std::uint64_t>(parse_int(a, next(), 0));
     else if (a == "--device") o.device = next();
     else if (a == "--gpus") o.gpus = static_cast<int>(parse_int(a, next(), 1, 64));
+    else if (a == "--bucket-mib") o.bucket_mib = parse_double(a, next());
     else if (a == "--precision") o.precision = dcexp::cli::parse_precision(next());
     else if (a == "--out") o.out = next();
     else if (a == "--name") o.name = next();
@@ -174,6 +176,7 @@ Options parse(int argc, char** argv, bool& help) {
   if (!(o.weight_decay >= 0 && std::isfinite(o.weight_decay))) throw UsageError("--weight-decay: must be a finite number >= 0");
   if (!(o.label_smoothing >= 0 && o.label_smoothing < 1)) throw UsageError("--label-smoothing: must lie in [0, 1)");
   if (o.batch < 1) throw UsageError("--batch: " + std::to_string(o.batch) + " must be at least 1");
+  if (!(o.bucket_mib > 0 && o.bucket_mib <= 4096)) throw UsageError("--bucket-mib: must lie in (0, 4096]");
   // peer_torch.py's validation judges the float32 step against float32 and float64 tolerances.
   if (!o.export_dir.empty() && o.precision != dcexp::Precision::fp32)
     throw UsageError("--export writes the fp32 step for peer_torch.py's validation; run it without --precision");
@@ -335,7 +338,8 @@ int run_training(const Options& o) {
     opt = std::make_unique<dualcast::Adam>(model.params(), o.lr, 0.9, 0.999, 1e-8, o.weight_decay);
   const auto scaler = dcexp::make_scaler(o.precision, device);
   std::unique_ptr<dualcast::dist::DataParallel> ddp;
-  if (group.size() > 1) ddp = std::make_unique<dualcast::dist::DataParallel>(*group.comm, model.params());
+  if (group.size() > 1) ddp = std::make_unique<dualcast::dist::DataParallel>(*group.comm, model.params(),
+                                                                           dualcast::dist::DataParallelOptions::with_bucket_mib(o.bucket_mib));
 
   std::printf("resnet_train: ResNet-18 (CIFAR form) width %lld, %lld parameters, %s; %s lr %g (%s), "
               "momentum %g, weight decay %g, label smoothing %g, batch %lld, %d epochs, crop pad %lld, "

@@ -20,9 +20,12 @@
 // finish() launches whatever the backward did not (a parameter no backward reached gets a zero
 // gradient, so every rank reduces the same tensors; unlike a one-process run, where it would have no
 // gradient and be skipped, the optimizer then updates it, weight decay and momentum included) and
-// makes later device work wait for the reductions. It records no host wait: a whole step with its collectives can be captured in a Graph
-// and replayed. Gradients are reduced in their parameters' dtypes (16-bit gradients included); with
-// GradScaler, unscale after finish(), so every rank sees the same gradients and skips the same steps.
+// makes later device work wait for the reductions. It records no host wait: a whole step with its
+// collectives can be captured in a Graph and replayed. A bucket of several gradients is reduced as
+// one flat buffer, and its parameters' gradients become views of that buffer (as with PyTorch's
+// gradient_as_bucket_view): a gradient tensor kept past the next step's reduction sees it overwritten.
+// Gradients are reduced in their parameters' dtypes (16-bit gradients included); with GradScaler,
+// unscale after finish(), so every rank sees the same gradients and skips the same steps.
 #pragma once
 
 #include <cstddef>
@@ -30,16 +33,22 @@
 #include <vector>
 
 #include "dualcast/communicator.hpp"
+#include "dualcast/dtype.hpp"
 #include "dualcast/tape.hpp"
 
 namespace dualcast::dist {
 
 struct DataParallelOptions {
   /// Bytes of gradient per bucket (PyTorch's default: 25 MiB); a parameter larger than this gets a
-  /// bucket of its own.
+  /// bucket of its own. A bucket is launched when all of it is final, so a model whose gradients
+  /// become final in a few large groups (a recurrent model's layers at the end of BPTT) wants
+  /// buckets no larger than a group.
   std::size_t bucket_cap_bytes = std::size_t{25} << 20;
   /// The first bucket (the last layers) is smaller, so that communication starts early.
   std::size_t first_bucket_cap_bytes = std::size_t{1} << 20;
+
+  /// Buckets of `mib` MiB (the first the smaller of that and 1 MiB); an Error unless 0 < mib <= 4096.
+  static DataParallelOptions with_bucket_mib(double mib);
 };
 
 class DataParallel {
@@ -74,6 +83,9 @@ class DataParallel {
  private:
   struct Bucket {
     std::vector<std::size_t> members;
+    std::vector<std::int64_t> offsets;  ///< each member's first element in flat
+    DType dtype = DType::float32;
+    Tensor flat;  ///< the gradients of a bucket of several, reduced as one (undefined for one)
     std::size_t ready = 0;
   };
   void on_ready(std::size_t param);
