@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
+#include <exception>
 #include <mutex>
 #include <thread>
 
@@ -81,16 +82,19 @@ class NcclCommunicator final : public Communicator {
     stop_ = true;
     watchdog_.join();
     ::dualcast::detail::DeviceGuard guard(device_);
-    // A collective still queued when the communicator goes (this rank is unwinding after an error,
-    // or a peer stopped) may never complete: wait a little, then abort it rather than hang the exit.
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    // While an exception unwinds (this rank failed), its peers may be inside a collective this rank
+    // will never join, and ncclCommDestroy can wait for them: abort at once (as PyTorch does on an
+    // error), so the rank exits and the launcher stops the others. Otherwise a collective still
+    // queued (a peer stopped) gets a little time to finish before it is aborted.
+    const bool unwinding = std::uncaught_exceptions() > 0;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(unwinding ? 0 : 10);
     while (cudaStreamQuery(comm_stream_) == cudaErrorNotReady && std::chrono::steady_clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    if (cudaStreamQuery(comm_stream_) == cudaSuccess) {
+    if (!unwinding && cudaStreamQuery(comm_stream_) == cudaSuccess) {
       ncclCommDestroy(comm_);
     } else {
-      std::fprintf(stderr, "dualcast: rank %d: a collective on %s did not finish; aborting the communicator\n",
-                   rank(), device_.str().c_str());
+      std::fprintf(stderr, "dualcast: rank %d: %s; aborting the communicator on %s\n", rank(),
+                   unwinding ? "leaving on an error" : "a collective did not finish", device_.str().c_str());
       ncclCommAbort(comm_);
     }
     cudaEventDestroy(ready_);
@@ -194,6 +198,15 @@ class NcclCommunicator final : public Communicator {
   /// forever, so the watchdog names the failure and ends the process (scripts/launch then stops the
   /// other ranks), as PyTorch's NCCL watchdog does.
   void watch() {
+    // A new thread's current device is GPU 0: its first CUDA call would make a context there.
+    cudaSetDevice(device_.index);
+    // The main thread may be capturing a Graph (in the global capture mode) while this thread queries
+    // events recorded before the capture began. In the global mode that query is prohibited and
+    // invalidates the capture, on this rank only, so its peers would wait forever in the captured
+    // collectives. Thread-local mode lets this thread, which never captures, query freely (PyTorch's
+    // NCCL watchdog does the same).
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal;
+    cudaThreadExchangeStreamCaptureMode(&mode);
     while (!stop_) {
       ncclResult_t r = ncclSuccess;
       if (ncclCommGetAsyncError(comm_, &r) == ncclSuccess && r != ncclSuccess && r != ncclInProgress)

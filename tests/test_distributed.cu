@@ -433,6 +433,27 @@ TEST_P(Backends, ACapturedDataParallelStepReplaysTheEagerSteps) {
     EXPECT_EQ(eager.params()[i].value().to_vector<double>(), captured.params()[i].value().to_vector<double>());
 }
 
+TEST_P(Backends, ACaptureRightAfterEagerCollectivesIsNotBrokenByTheWatchdog) {
+  DUALCAST_SKIP_UNLESS_RANKS(2);
+  if (run_as_ranks(2)) return;
+  auto comm = Communicator::from_environment(device());
+  Tensor t = Tensor::ones({256}, DType::float32, device());
+  // Eager collectives leave events for the NCCL watchdog to poll; the capture that follows lasts
+  // longer than its polling period, so it polls during the capture (which, in the global capture
+  // mode, used to invalidate the capture on that rank alone and leave its peer waiting).
+  for (int i = 0; i < 8; ++i) comm->all_reduce({t}, ReduceOp::average);
+  Graph g;
+  g.capture(device(), [&] {
+    comm->all_reduce({t}, ReduceOp::sum);
+    comm->wait();
+    std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    t.copy_(t * 0.5);
+  });
+  for (int i = 0; i < 3; ++i) g.replay();
+  // The eager averages keep ones; each replay doubles (sum over 2 ranks) and halves.
+  EXPECT_EQ(t.to_vector<double>(), std::vector<double>(256, 1.0));
+}
+
 // ---- failures -------------------------------------------------------------------------------
 
 TEST_P(Backends, MismatchedCollectivesAreAnErrorOnEveryRank) {

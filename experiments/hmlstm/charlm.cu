@@ -192,8 +192,12 @@ TrainLog train_charlm(const TrainConfig& cfg, std::function<void(int step, doubl
                  cfg.comm->size(), " ranks");
   // This rank's columns of a [T+1, B] minibatch (all of it on one process).
   auto mine = [&](const Tensor& tokens) { return parallel ? dist::shard(tokens, *cfg.comm, 1) : tokens; };
-  // Validation batches: window j*B + b (stride T) in column b of batch j.
-  std::vector<Tensor> valid = validation_batches(corpus.valid, T, B, cfg.valid_batches);
+  // Validation batches: window j*Bv + b (stride T) in column b of batch j, with Bv = B up to
+  // kValidationBatch windows (a multiple of the ranks): a data-parallel run at N times the batch is
+  // judged on the same windows as the one-process run it is compared with.
+  int Bv = std::min(B, kValidationBatch);
+  if (parallel) Bv -= Bv % cfg.comm->size();
+  std::vector<Tensor> valid = validation_batches(corpus.valid, T, Bv, cfg.valid_batches);
   for (Tensor& v : valid) v = mine(v.to(cfg.net.device));
   auto train_batch = [&](int step) {
     return mine(window_batch(corpus.train, train_offsets(n_train, T, B, cfg.data_seed, step), T).to(cfg.net.device));
