@@ -71,6 +71,20 @@ def child_env():
     return env
 
 
+def stop_group(p):
+    """SIGTERM to the child's process group, then SIGKILL if it is still there."""
+    for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 30)):
+        try:
+            os.killpg(p.pid, sig)
+            p.wait(timeout=grace)
+            break
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            continue
+    if p.poll() is None:
+        p.kill()
+        p.wait()
+
+
 def execute(argv, log_stem, timeout):
     """(exit status or None on timeout, seconds, tail of stderr, else of stdout). The child gets its own
     process group, so a timeout stops torchrun's or scripts/launch's ranks too."""
@@ -84,16 +98,12 @@ def execute(argv, log_stem, timeout):
             rc = p.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             rc = None
-            for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 30)):
-                try:
-                    os.killpg(p.pid, sig)
-                    p.wait(timeout=grace)
-                    break
-                except (ProcessLookupError, subprocess.TimeoutExpired):
-                    continue
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+            stop_group(p)
+        except BaseException:
+            # The study itself is stopped (SIGTERM, Ctrl-C): the child's own session would outlive it
+            # and keep its GPUs busy, so it is stopped first.
+            stop_group(p)
+            raise
     tails = []
     for ext in (".stderr", ".stdout"):
         with open(log_stem + ext, errors="replace") as fh:
@@ -126,6 +136,9 @@ def torch_launcher(py):
 
 
 def main():
+    # SIGTERM (a timeout around the study) becomes SystemExit, so that execute() stops the run in
+    # progress instead of leaving its ranks behind.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--commit", default="", help="the commit the build holds (the device's copy of the tree has "
                     "no .git of its own, or a stale one: pass $(git rev-parse HEAD) from the checkout)")
