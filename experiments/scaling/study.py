@@ -222,7 +222,7 @@ def main():
                 if os.path.exists(run["json"]):
                     load_record(run)
                 else:
-                    run["status"] = "not run: no record in %s" % os.path.join(out, "runs")
+                    run["status"] = "not run: no record in OUT/runs"
         else:
             run_all(runs, args, out, build, launch, py, t_start)
     except (KeyboardInterrupt, SystemExit):

@@ -337,7 +337,7 @@ def test_end_to_end(tmp):
         again = json.load(fh)
     runs = {r["name"]: r for r in again["runs"]}
     w2 = [r for r in again["derived"]["models"]["resnet"]["weak"] if r["gpus"] == 2][0]
-    check(p.returncode == 1 and runs["hmlstm_strong_g2"]["status"].startswith("not run: no record")
+    check(p.returncode == 1 and runs["hmlstm_strong_g2"]["status"].startswith("not run: no record in OUT/runs")
           and runs["train_g2"]["status"] == "ok" and close(w2["dualcast_eff"], 10.0 / 10.1),
           "--from-records: %s" % p.stdout[-2000:])
 
