@@ -135,48 +135,8 @@ def torch_launcher(py):
                                           + ["--standalone", "--nproc_per_node", str(n)])
 
 
-def main():
-    # SIGTERM (a timeout around the study) becomes SystemExit, so that execute() stops the run in
-    # progress instead of leaving its ranks behind.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--commit", default="", help="the commit the build holds (the device's copy of the tree has "
-                    "no .git of its own, or a stale one: pass $(git rev-parse HEAD) from the checkout)")
-    ap.add_argument("--build", default="build/release", help="build folder with experiments/resnet/resnet_train "
-                    "and experiments/hmlstm/hmlstm_dp")
-    ap.add_argument("--out", default="results/scaling")
-    ap.add_argument("--gpus-list", default="", help="e.g. 1,2,4 (default: 1,2,4 up to the GPUs nvidia-smi -L lists)")
-    ap.add_argument("--models", default="resnet,hmlstm")
-    ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--warmup", type=int, default=10)
-    ap.add_argument("--skip-torch", action="store_true")
-    ap.add_argument("--skip-train", action="store_true")
-    ap.add_argument("--time-budget", type=float, default=0, help="seconds; runs not started by then are skipped")
-    ap.add_argument("--run-timeout", type=float, default=900, help="seconds one run may take")
-    args = ap.parse_args()
-    models = [m for m in args.models.split(",") if m]
-    if not models or any(m not in MODELS for m in models):
-        ap.error("--models: expected a list of %s" % ", ".join(MODELS))
-    ngpu, smi = gpu_count()
-    try:
-        gpus_list = [int(s) for s in args.gpus_list.split(",") if s] or [n for n in (1, 2, 4) if n <= max(ngpu, 1)]
-    except ValueError:
-        ap.error("--gpus-list: expected numbers such as 1,2,4")
-    if sorted(set(gpus_list)) != gpus_list or gpus_list[0] != 1:
-        ap.error("--gpus-list: increasing, without repeats, starting at 1 (the baseline)")
-    out = os.path.abspath(args.out)
-    build = os.path.abspath(args.build)
-    for sub in ("runs", "logs"):
-        os.makedirs(os.path.join(out, sub), exist_ok=True)
-    py = None
-    if not args.skip_torch:
-        sys.path.insert(0, os.path.join(ROOT, "experiments", "common"))
-        from runner import python_with
-        py = python_with("torch")
-    launch = torch_launcher(py or sys.executable)
-    runs = plan_runs(gpus_list, models, args.skip_torch, args.skip_train)
-    t_start = time.time()
-    print("study: %d runs on GPUs %s (%d listed by nvidia-smi)" % (len(runs), gpus_list, ngpu), flush=True)
+def run_all(runs, args, out, build, launch, py, t_start):
+    """Runs the study's runs in order; a run stopped with the study is marked so."""
     for i, run in enumerate(runs):
         run["json"] = json_path(out, run)
         argv = command(run, out, build, args.reps, args.warmup, launch)
@@ -208,6 +168,68 @@ def main():
         run.setdefault("status", "ok")
         print("study: [%d/%d] %-24s %s%s" % (i + 1, len(runs), run["name"], run["status"],
                                              " (%.0f s)" % run["seconds"] if "seconds" in run else ""), flush=True)
+
+
+def main():
+    # SIGTERM (a timeout around the study) becomes SystemExit, so that execute() stops the run in
+    # progress instead of leaving its ranks behind.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--commit", default="", help="the commit the build holds (the device's copy of the tree has "
+                    "no .git of its own, or a stale one: pass $(git rev-parse HEAD) from the checkout)")
+    ap.add_argument("--build", default="build/release", help="build folder with experiments/resnet/resnet_train "
+                    "and experiments/hmlstm/hmlstm_dp")
+    ap.add_argument("--out", default="results/scaling")
+    ap.add_argument("--gpus-list", default="", help="e.g. 1,2,4 (default: 1,2,4 up to the GPUs nvidia-smi -L lists)")
+    ap.add_argument("--models", default="resnet,hmlstm")
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--skip-torch", action="store_true")
+    ap.add_argument("--skip-train", action="store_true")
+    ap.add_argument("--time-budget", type=float, default=0, help="seconds; runs not started by then are skipped")
+    ap.add_argument("--run-timeout", type=float, default=900, help="seconds one run may take")
+    ap.add_argument("--from-records", action="store_true",
+                    help="run nothing: derive scaling.json and scaling.md from the records already in OUT/runs "
+                         "(a study that was stopped); a run without a record counts as not run")
+    args = ap.parse_args()
+    models = [m for m in args.models.split(",") if m]
+    if not models or any(m not in MODELS for m in models):
+        ap.error("--models: expected a list of %s" % ", ".join(MODELS))
+    ngpu, smi = gpu_count()
+    try:
+        gpus_list = [int(s) for s in args.gpus_list.split(",") if s] or [n for n in (1, 2, 4) if n <= max(ngpu, 1)]
+    except ValueError:
+        ap.error("--gpus-list: expected numbers such as 1,2,4")
+    if sorted(set(gpus_list)) != gpus_list or gpus_list[0] != 1:
+        ap.error("--gpus-list: increasing, without repeats, starting at 1 (the baseline)")
+    out = os.path.abspath(args.out)
+    build = os.path.abspath(args.build)
+    for sub in ("runs", "logs"):
+        os.makedirs(os.path.join(out, sub), exist_ok=True)
+    py = None
+    if not args.skip_torch:
+        sys.path.insert(0, os.path.join(ROOT, "experiments", "common"))
+        from runner import python_with
+        py = python_with("torch")
+    launch = torch_launcher(py or sys.executable)
+    runs = plan_runs(gpus_list, models, args.skip_torch, args.skip_train)
+    t_start = time.time()
+    print("study: %d runs on GPUs %s (%d listed by nvidia-smi)" % (len(runs), gpus_list, ngpu), flush=True)
+    try:
+        if args.from_records:
+            for run in runs:
+                run["json"] = json_path(out, run)
+                if os.path.exists(run["json"]):
+                    load_record(run)
+                else:
+                    run["status"] = "not run: no record in OUT/runs"
+        else:
+            run_all(runs, args, out, build, launch, py, t_start)
+    except (KeyboardInterrupt, SystemExit):
+        # Stopped from outside: what ran is still written up (the run in progress was stopped).
+        for run in runs:
+            run.setdefault("status", "not run: the study was stopped")
+        print("study: stopped; writing what ran", flush=True)
     # Multi-GPU runs first: their records name the communicator that did the work.
     ok = sorted((r for r in runs if r["status"] == "ok"), key=lambda r: -r["gpus"])
     first = lambda key: next((r["parsed"][key] for r in ok if r["parsed"].get(key)), None)  # noqa: E731

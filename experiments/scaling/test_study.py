@@ -16,10 +16,12 @@ Exits 1 on the first failed check.
 
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
 import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -259,6 +261,9 @@ if "resnet" in sys.argv[0]:
                        "captured": {"step_ms": summ(10.0 + 0.1 * (n - 1))}, "data_parallel": dp if n > 1 else None}]
     path = os.path.join(opt("--out"), opt("--name") + "_bench.json")
 elif "--train-steps" in a:
+    if os.environ.get("FAKE_HANG"):  # a run that never ends, for stopping the study
+        open(os.environ["FAKE_HANG"], "w").write(str(os.getpid()))
+        import time; time.sleep(120)
     rec["training"] = {"step": [0, 150, 300], "train_bpc": [4, 3, 2], "valid_bpc": [4.0, 3.0, 2.0 if n == 1 else 1.9],
                        "ms_per_step": 10.0, "train_seconds": 3.0, "lr": float(opt("--lr", "0.002"))}
     path = os.path.join(opt("--out"), opt("--name") + ".json")
@@ -325,6 +330,41 @@ def test_end_to_end(tmp):
         runs = json.load(fh)["runs"]
     check(p.returncode == 0 and all(r["status"].startswith("skipped: time budget") for r in runs),
           "--time-budget: later runs skipped (exit %d)" % p.returncode)
+    # --from-records derives the same study from the records left in OUT/runs, running nothing.
+    p = subprocess.run(base + ["--from-records"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       universal_newlines=True)
+    with open(os.path.join(out, "scaling.json")) as fh:
+        again = json.load(fh)
+    runs = {r["name"]: r for r in again["runs"]}
+    w2 = [r for r in again["derived"]["models"]["resnet"]["weak"] if r["gpus"] == 2][0]
+    check(p.returncode == 1 and runs["hmlstm_strong_g2"]["status"].startswith("not run: no record in OUT/runs")
+          and runs["train_g2"]["status"] == "ok" and close(w2["dualcast_eff"], 10.0 / 10.1),
+          "--from-records: %s" % p.stdout[-2000:])
+
+    # A study stopped by SIGTERM stops the run in progress and still writes up what ran.
+    hang = os.path.join(tmp, "hang.pid")
+    p = subprocess.Popen(base + ["--out", os.path.join(tmp, "out3")], env=dict(env, FAKE_HANG=hang),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
+    for _ in range(300):
+        if os.path.exists(hang) and open(hang).read():
+            break
+        time.sleep(0.1)
+    p.send_signal(signal.SIGTERM)
+    text = p.communicate(timeout=60)[0]
+    with open(os.path.join(tmp, "out3", "scaling.json")) as fh:
+        runs = {r["name"]: r for r in json.load(fh)["runs"]}
+    check(p.returncode == 1 and runs["resnet_weak_g2"]["status"] == "ok"
+          and runs["train_g1"]["status"] == "not run: the study was stopped", "stopped study:\n%s" % text[-2000:])
+    alive = True
+    for _ in range(50):
+        try:
+            os.kill(int(open(hang).read()), 0)
+        except ProcessLookupError:
+            alive = False
+            break
+        time.sleep(0.1)
+    check(not alive, "the run in progress is stopped with the study")
+
     p = subprocess.run([sys.executable, os.path.join(HERE, "study.py"), "--gpus-list", "2,4"], stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, universal_newlines=True)
     check(p.returncode == 2, "--gpus-list must start at 1")
