@@ -364,19 +364,25 @@ TEST_P(Backends, ASecondBackwardBeforeFinishIsAnError) {
   EXPECT_EQ(w.grad().to_vector<double>(), std::vector<double>(4, 1.0 + (comm->size() + 1) / 2.0));
 }
 
-TEST_P(Backends, ABucketOfSeveralGradientsAccumulatesAndReducesAsOne) {
+TEST_P(Backends, ABucketOfSeveralGradientsAccumulatesAndReducesAsOneInItsDtype) {
   DUALCAST_SKIP_UNLESS_RANKS(2);
   if (run_as_ranks(2)) return;
   auto comm = Communicator::from_environment(device());
   Var w = Var::param(Tensor::ones({4}, DType::float64, device()));
   Var v = Var::param(Tensor::ones({3}, DType::float64, device()));
-  Var s = Var::param(Tensor::ones({2}, DType::float32, device()));  // another dtype: its own bucket
-  DataParallel ddp(*comm, {w, v, s});
-  ASSERT_EQ(ddp.num_buckets(), 2u);
-  EXPECT_EQ(ddp.bucket(0), std::vector<std::size_t>{2});
-  EXPECT_EQ(ddp.bucket(1), (std::vector<std::size_t>{1, 0}));
+  Var s = Var::param(Tensor::ones({2}, DType::float32, device()));  // other dtypes: their own buckets
+  Var h = Var::param(Tensor::ones({5}, DType::bfloat16, device()));
+  DataParallel ddp(*comm, {w, v, s, h});
+  ASSERT_EQ(ddp.num_buckets(), 3u);
+  EXPECT_EQ(ddp.bucket(0), std::vector<std::size_t>{3});
+  EXPECT_EQ(ddp.bucket(1), std::vector<std::size_t>{2});
+  EXPECT_EQ(ddp.bucket(2), (std::vector<std::size_t>{1, 0}));
   const double r = comm->rank() + 1.0, mean_r = (comm->size() + 1) / 2.0;
-  auto backward = [&](double k) { (sum(w * k) + sum(v * (2.0 * k)) + cast(sum(s * (3.0 * k)), DType::float64)).backward(); };
+  auto backward = [&](double k) {  // every value below is exact in bfloat16 too
+    (sum(w * k) + sum(v * (2.0 * k)) + cast(sum(s * (3.0 * k)), DType::float64) +
+     cast(sum(h * (4.0 * k)), DType::float64))
+        .backward();
+  };
   // Local accumulation, then one reduction of the sums.
   ddp.set_sync(false);
   backward(1.0);
@@ -387,6 +393,8 @@ TEST_P(Backends, ABucketOfSeveralGradientsAccumulatesAndReducesAsOne) {
   EXPECT_EQ(w.grad().to_vector<double>(), std::vector<double>(4, 1.0 + mean_r));
   EXPECT_EQ(v.grad().to_vector<double>(), std::vector<double>(3, 2.0 * (1.0 + mean_r)));
   EXPECT_EQ(s.grad().to_vector<double>(), std::vector<double>(2, 3.0 * (1.0 + mean_r)));
+  EXPECT_EQ(h.grad().dtype(), DType::bfloat16);
+  EXPECT_EQ(h.grad().to_vector<double>(), std::vector<double>(5, 4.0 * (1.0 + mean_r)));
   // Without zero_grad the next step adds into the reduced gradients (now the bucket's own storage).
   backward(r);
   ddp.finish();
@@ -396,11 +404,13 @@ TEST_P(Backends, ABucketOfSeveralGradientsAccumulatesAndReducesAsOne) {
   w.zero_grad();
   v.zero_grad();
   s.zero_grad();
+  h.zero_grad();
   backward(r);
   ddp.finish();
   EXPECT_EQ(w.grad().to_vector<double>(), std::vector<double>(4, mean_r));
   EXPECT_EQ(v.grad().to_vector<double>(), std::vector<double>(3, 2.0 * mean_r));
   EXPECT_EQ(s.grad().to_vector<double>(), std::vector<double>(2, 3.0 * mean_r));
+  EXPECT_EQ(h.grad().to_vector<double>(), std::vector<double>(5, 4.0 * mean_r));
 }
 
 TEST_P(Backends, ACapturedDataParallelStepReplaysTheEagerSteps) {
