@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
@@ -171,6 +172,13 @@ class NcclCommunicator final : public Communicator {
   /// next NCCL call would still be inside it).
   template <class F>
   void grouped(F&& f) {
+    // A group's first collective connects NCCL's channels and blocks the host until the peers take
+    // part: the watchdog times a call that blocks too long (a peer alive but stuck elsewhere).
+    struct InCall {
+      std::atomic<std::int64_t>& since;
+      explicit InCall(std::atomic<std::int64_t>& s) : since(s) { since = now_ns(); }
+      ~InCall() { since = 0; }
+    } in_call(host_call_since_ns_);
     DUALCAST_NCCL_CHECK(ncclGroupStart(), comm_);
     try {
       f();
@@ -179,6 +187,11 @@ class NcclCommunicator final : public Communicator {
       throw;
     }
     DUALCAST_NCCL_CHECK(ncclGroupEnd(), comm_);
+  }
+
+  static std::int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
   }
 
   /// After a collective is queued: NCCL holds only the tensors' pointers, so the communicator holds
@@ -215,7 +228,11 @@ class NcclCommunicator final : public Communicator {
         // A peer that stopped (killed, or gone without the launcher) leaves the collective waiting
         // forever without any error: time the oldest queued collective out.
         std::lock_guard<std::mutex> lock(mu_);
-        while (!pending_.empty() && cudaEventQuery(pending_.front().event) == cudaSuccess) {
+        while (!pending_.empty()) {
+          const cudaError_t q = cudaEventQuery(pending_.front().event);
+          if (q == cudaErrorNotReady) break;
+          if (q != cudaSuccess)  // a sticky CUDA error: name it, not a peer
+            fail(std::string("CUDA error while a collective was queued: ") + cudaGetErrorString(q));
           cudaEventDestroy(pending_.front().event);
           pending_.pop_front();
         }
@@ -224,6 +241,10 @@ class NcclCommunicator final : public Communicator {
           fail("a collective queued " + std::to_string(static_cast<int>(timeout_s_)) +
                " s ago has not finished (DUALCAST_DIST_TIMEOUT): a peer stopped, or never joined it");
       }
+      const std::int64_t since = host_call_since_ns_;
+      if (since != 0 && static_cast<double>(now_ns() - since) * 1e-9 > timeout_s_)
+        fail("an NCCL call has blocked this rank for " + std::to_string(static_cast<int>(timeout_s_)) +
+             " s (DUALCAST_DIST_TIMEOUT): a peer never joined the collective");
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
   }
@@ -232,6 +253,11 @@ class NcclCommunicator final : public Communicator {
     std::fprintf(stderr, "dualcast: rank %d: NCCL on %s: %s; aborting the communicator and exiting\n", rank(),
                  device_.str().c_str(), why.c_str());
     std::fflush(stderr);
+    // ncclCommAbort itself has been seen to hang in some NCCL versions: the exit must not wait on it.
+    std::thread([] {
+      std::this_thread::sleep_for(std::chrono::seconds(10));
+      std::_Exit(3);
+    }).detach();
     ncclCommAbort(comm_);
     std::_Exit(3);
   }
@@ -252,6 +278,7 @@ class NcclCommunicator final : public Communicator {
   double timeout_s_ = 300;
   std::string version_;
   std::atomic<bool> stop_{false};
+  std::atomic<std::int64_t> host_call_since_ns_{0};  ///< when the NCCL call in progress began (0: none)
   std::thread watchdog_;
 };
 

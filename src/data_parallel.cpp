@@ -29,11 +29,18 @@ std::vector<double> signature(const std::vector<Var>& params) {
   return {static_cast<double>(params.size()), elements, static_cast<double>(h % (1u << 30))};
 }
 
+/// `elements` rounded up to a multiple of 16 bytes: each gradient's slot in a bucket's flat buffer
+/// starts 16-byte aligned, as a tensor of its own would, so kernels keep their vector loads on it.
+std::int64_t aligned(std::int64_t elements, DType dtype) {
+  const auto per = static_cast<std::int64_t>(16 / dtype_size(dtype));
+  return (elements + per - 1) / per * per;
+}
+
 }  // namespace
 
 DataParallelOptions DataParallelOptions::with_bucket_mib(double mib) {
-  DUALCAST_CHECK(mib > 0 && mib <= 4096, "DataParallelOptions: a bucket of ", mib,
-                 " MiB is not in (0, 4096]");
+  DUALCAST_CHECK(mib * 1048576.0 >= 1.0 && mib <= 4096, "DataParallelOptions: a bucket of ", mib,
+                 " MiB is not in [1 byte, 4096 MiB]");
   DataParallelOptions o;
   o.bucket_cap_bytes = static_cast<std::size_t>(mib * 1048576.0);
   o.first_bucket_cap_bytes = std::min(o.first_bucket_cap_bytes, o.bucket_cap_bytes);
@@ -86,7 +93,7 @@ DataParallel::DataParallel(Communicator& comm, std::vector<Var> params, DataPara
       bytes = 0;
     }
     Bucket& bk = buckets_.back();
-    bk.offsets.push_back(bk.members.empty() ? 0 : bk.offsets.back() + params_[bk.members.back()].numel());
+    bk.offsets.push_back(bk.members.empty() ? 0 : aligned(bk.offsets.back() + params_[bk.members.back()].numel(), v.dtype()));
     bk.members.push_back(k);
     bucket_of_[k] = buckets_.size() - 1;
     bytes += b;

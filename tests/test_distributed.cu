@@ -175,6 +175,8 @@ TEST(DistributedBadInput, CommunicatorAndDataParallelRefuseBadArgumentsClearly) 
   expect_error([&] { DataParallel ddp(*one, {w * 2.0}); }, "is not a leaf that requires a gradient");
   expect_error([&] { DataParallel ddp(*one, {w, w}); }, "appears twice");
   expect_error([&] { one->all_reduce({Tensor()}, ReduceOp::sum); }, "tensor 0 is undefined");
+  for (double mib : {0.0, 1e-9, -1.0, 5000.0})
+    expect_error([&] { (void)dist::DataParallelOptions::with_bucket_mib(mib); }, "MiB is not in");
   // The library keeps working: a good DataParallel on the same communicator.
   DataParallel ddp(*one, {w});
   sum(w * 2.0).backward();

@@ -192,13 +192,16 @@ TrainLog train_charlm(const TrainConfig& cfg, std::function<void(int step, doubl
                  cfg.comm->size(), " ranks");
   // This rank's columns of a [T+1, B] minibatch (all of it on one process).
   auto mine = [&](const Tensor& tokens) { return parallel ? dist::shard(tokens, *cfg.comm, 1) : tokens; };
-  // Validation batches: window j*Bv + b (stride T) in column b of batch j, with Bv = B up to
-  // kValidationBatch windows (a multiple of the ranks): a data-parallel run at N times the batch is
-  // judged on the same windows as the one-process run it is compared with.
-  int Bv = std::min(B, kValidationBatch);
-  if (parallel) Bv -= Bv % cfg.comm->size();
+  // Validation: batch j holds windows j*Bv + b (stride T) with Bv = kValidationBatch (fewer only when
+  // the split holds fewer windows): the same text whatever the batch and the number of ranks, so the
+  // runs a comparison sets side by side (N ranks at N times the batch, or at the same batch, against
+  // one process) are judged alike. The ranks split a batch that divides evenly over them and average
+  // their losses; otherwise each evaluates all of it.
+  const std::int64_t windows = (static_cast<std::int64_t>(corpus.valid.size()) - 1) / T;
+  const int Bv = static_cast<int>(std::min<std::int64_t>(kValidationBatch, std::max<std::int64_t>(windows, 1)));
+  const bool split_valid = parallel && Bv % cfg.comm->size() == 0;
   std::vector<Tensor> valid = validation_batches(corpus.valid, T, Bv, cfg.valid_batches);
-  for (Tensor& v : valid) v = mine(v.to(cfg.net.device));
+  for (Tensor& v : valid) v = split_valid ? mine(v.to(cfg.net.device)) : v.to(cfg.net.device);
   auto train_batch = [&](int step) {
     return mine(window_batch(corpus.train, train_offsets(n_train, T, B, cfg.data_seed, step), T).to(cfg.net.device));
   };
@@ -221,7 +224,7 @@ TrainLog train_charlm(const TrainConfig& cfg, std::function<void(int step, doubl
   auto evaluate = [&]() {
     NoGradGuard no_grad;
     double s = 0.0;
-    for (const Tensor& v : valid) s += global(net.loss(v).value());
+    for (const Tensor& v : valid) s += split_valid ? global(net.loss(v).value()) : net.loss(v).item();
     return s / static_cast<double>(valid.size()) / kLn2;
   };
 

@@ -15,8 +15,8 @@
 // '\r' is dropped. The first (1 - valid_fraction) of the encoded text is the training split, the rest
 // the validation split. Training minibatches are B windows of T+1 characters at uniformly random
 // offsets (counter-based, from the seed: the same batches for every cell mode); the validation set is
-// the first valid_batches * Bv non-overlapping windows (stride T) of the validation split, in batches
-// of Bv = min(B, kValidationBatch) (rounded down to a multiple of the ranks when data-parallel).
+// the first valid_batches * kValidationBatch non-overlapping windows (stride T) of the validation
+// split, in batches of kValidationBatch, whatever the training batch and the number of ranks.
 #pragma once
 
 #include <cstdint>
@@ -68,8 +68,8 @@ std::vector<Tensor> validation_batches(const std::vector<std::uint8_t>& valid, i
 /// one bucket would span layers 3, 2 and 1 and wait for layer 1, leaving nothing to overlap.
 inline constexpr double kDataParallelBucketMib = 4.0;
 
-/// The most windows in one validation batch (the default batch): the validation set does not grow
-/// with the training batch.
+/// Windows in one validation batch (the GPU's default training batch): the validation set does not
+/// change with the training batch or the number of ranks.
 inline constexpr int kValidationBatch = 64;
 
 struct TrainConfig {
@@ -83,7 +83,7 @@ struct TrainConfig {
   float clip_norm = 1.0f;        ///< global gradient-norm clipping threshold (<= 0: off)
   float slope_final = 5.0f;      ///< a is annealed linearly from net.slope to this over the run
   double valid_fraction = 0.1;   ///< tail of the corpus held out for validation
-  int valid_batches = 4;         ///< validation batches of Bv x (T+1) characters per evaluation
+  int valid_batches = 4;         ///< validation batches of kValidationBatch x (T+1) characters
   std::uint64_t data_seed = 7;   ///< minibatch sampling
   /// Record the training step once (dualcast::Graph) and replay it every step, feeding each minibatch
   /// into the step's static input and the slope through the network's device scalar. The same

@@ -104,7 +104,8 @@ Options parse(int argc, char** argv, bool& help) {
   if (help) return o;
   if (!o.bench && o.train_steps == 0) throw UsageError("nothing to do: give --bench and/or --train-steps N");
   if (!(o.lr > 0 && std::isfinite(o.lr))) throw UsageError("--lr: must be a finite number > 0");
-  if (!(o.bucket_mib > 0 && o.bucket_mib <= 4096)) throw UsageError("--bucket-mib: must lie in (0, 4096]");
+  if (!(o.bucket_mib * 1048576.0 >= 1.0 && o.bucket_mib <= 4096))
+    throw UsageError("--bucket-mib: must be at least one byte (about 1e-6) and at most 4096");
   // The device's defaults are settled here, so that a batch that does not split over the ranks is
   // refused once, before any rank starts.
   if (o.device.empty()) o.device = dualcast::cuda_available() ? "cuda" : "cpu";

@@ -176,7 +176,8 @@ Options parse(int argc, char** argv, bool& help) {
   if (!(o.weight_decay >= 0 && std::isfinite(o.weight_decay))) throw UsageError("--weight-decay: must be a finite number >= 0");
   if (!(o.label_smoothing >= 0 && o.label_smoothing < 1)) throw UsageError("--label-smoothing: must lie in [0, 1)");
   if (o.batch < 1) throw UsageError("--batch: " + std::to_string(o.batch) + " must be at least 1");
-  if (!(o.bucket_mib > 0 && o.bucket_mib <= 4096)) throw UsageError("--bucket-mib: must lie in (0, 4096]");
+  if (!(o.bucket_mib * 1048576.0 >= 1.0 && o.bucket_mib <= 4096))
+    throw UsageError("--bucket-mib: must be at least one byte (about 1e-6) and at most 4096");
   // peer_torch.py's validation judges the float32 step against float32 and float64 tolerances.
   if (!o.export_dir.empty() && o.precision != dcexp::Precision::fp32)
     throw UsageError("--export writes the fp32 step for peer_torch.py's validation; run it without --precision");

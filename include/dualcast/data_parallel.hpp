@@ -47,7 +47,8 @@ struct DataParallelOptions {
   /// The first bucket (the last layers) is smaller, so that communication starts early.
   std::size_t first_bucket_cap_bytes = std::size_t{1} << 20;
 
-  /// Buckets of `mib` MiB (the first the smaller of that and 1 MiB); an Error unless 0 < mib <= 4096.
+  /// Buckets of `mib` MiB (the first the smaller of that and 1 MiB); an Error unless it is at least
+  /// one byte and at most 4096 MiB.
   static DataParallelOptions with_bucket_mib(double mib);
 };
 
@@ -69,7 +70,7 @@ class DataParallel {
   /// PyTorch's no_sync()); the first backward after set_sync(true) reduces the accumulated sums.
   /// A second backward before finish() is an Error, raised when its first gradient is final: by then
   /// it has added into a gradient whose reduction may be running, so that step's gradients are lost
-  /// (zero them and start the step again).
+  /// (call finish(), zero the gradients and start the step again).
   void set_sync(bool on) { sync_ = on; }
 
   [[nodiscard]] Communicator& communicator() const { return comm_; }
