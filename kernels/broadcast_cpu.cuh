@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "dualcast/config.hpp"
 #include "dualcast/vector_math.hpp"
@@ -83,7 +84,15 @@ inline TileIsa& cpu_tile_isa() {
   return isa;
 }
 
-/// Lanes per tile: two vectors of T.
+/// v rounded to the storage type S (bfloat16 and float16 round to nearest even, in the lanes:
+/// half.hpp's conversions are branch-free after if-conversion), or v itself when S is T.
+template <class S, class T>
+DUALCAST_INLINE S to_storage(T v) {
+  if constexpr (std::is_same_v<S, T>) return v;
+  else return S(v);
+}
+
+/// Lanes per tile: two vectors of T (the compute type: float for the 16-bit types).
 template <class T, TileIsa I>
 inline constexpr int cpu_tile_width = (I == TileIsa::avx512 ? 128 : 64) / static_cast<int>(sizeof(T));
 
@@ -117,17 +126,18 @@ template <class Body, int W>
 inline void gather_tile_in_row(const Body& b, std::uint32_t base,
                                typename Body::scalar (&xs)[Body::NAX][W]) {
   using T = typename Body::scalar;
+  using S = typename Body::storage;
   const auto& o = b.ops;
   std::uint32_t off[Body::NAX];
   o.cix.offsets(base, off);
 DUALCAST_UNROLL
   for (int a = 0; a < Body::NA; ++a) {
-    const T* p = o.in[a];
+    const S* p = o.in[a];
     if (p && (o.cix.read[a] == ChunkRead::packet || o.cix.read[a] == ChunkRead::strided_packet)) {
       p += off[a];
-      for (int e = 0; e < W; ++e) xs[a][e] = p[e];
+      for (int e = 0; e < W; ++e) xs[a][e] = static_cast<T>(p[e]);
     } else {
-      const T v = p ? p[off[a]] : o.scal[a];  // a number, a one-element tensor, or a row's value
+      const T v = p ? static_cast<T>(p[off[a]]) : o.scal[a];  // a number, a one-element tensor, or a row's value
       for (int e = 0; e < W; ++e) xs[a][e] = v;
     }
   }
@@ -137,6 +147,7 @@ DUALCAST_UNROLL
 template <class Body, int W>
 inline void forward_tile(const Body& b, std::uint32_t first, bool in_row) {
   using T = typename Body::scalar;
+  using S = typename Body::storage;
   constexpr int M = Body::outputs, K = Body::partials, KK = Body::KK;
   const std::uint32_t base = first * Body::V;
   T xs[Body::NAX][W];
@@ -162,14 +173,14 @@ DUALCAST_UNROLL
   }
 DUALCAST_UNROLL
   for (int m = 0; m < M; ++m) {
-    T* o = b.out[m] + base;
-    for (int e = 0; e < W; ++e) o[e] = r[m][0][e];
+    S* o = b.out[m] + base;
+    for (int e = 0; e < W; ++e) o[e] = to_storage<S>(r[m][0][e]);
     if constexpr (Body::stores) {
 DUALCAST_UNROLL
       for (int k = 0; k < K; ++k) {
-        if (T* q = b.part[m][k]) {
+        if (S* q = b.part[m][k]) {
           q += base;
-          for (int e = 0; e < W; ++e) q[e] = r[m][1 + k][e];
+          for (int e = 0; e < W; ++e) q[e] = to_storage<S>(r[m][1 + k][e]);
         }
       }
     }
@@ -181,6 +192,7 @@ DUALCAST_UNROLL
 template <class Body, int W>
 inline void backward_tile(const Body& b, std::uint32_t first, bool in_row) {
   using T = typename Body::scalar;
+  using S = typename Body::storage;
   constexpr int M = Body::outputs, K = Body::partials;
   const std::uint32_t base = first * Body::V;
   T xs[Body::NAX][W];
@@ -205,22 +217,22 @@ DUALCAST_UNROLL
     for (int e = 0; e < W; ++e) g[k][e] = T(0);
 DUALCAST_UNROLL
     for (int m = 0; m < M; ++m) {
-      const T* adj = b.adj[m];
+      const S* adj = b.adj[m];
       if (!adj) continue;  // nothing flowed into output m
       adj += base;
-      for (int e = 0; e < W; ++e) g[k][e] += adj[e] * d[m][k][e];
+      for (int e = 0; e < W; ++e) g[k][e] += static_cast<T>(adj[e]) * d[m][k][e];
     }
   }
 DUALCAST_UNROLL
   for (int k = 0; k < K; ++k) {
-    T* o = b.gout[k];
+    S* o = b.gout[k];
     if (!o) continue;
     o += base;
-    if (const T* old = b.gold[k]) {
+    if (const S* old = b.gold[k]) {
       old += base;
-      for (int e = 0; e < W; ++e) o[e] = g[k][e] + old[e];
+      for (int e = 0; e < W; ++e) o[e] = to_storage<S>(g[k][e] + static_cast<T>(old[e]));
     } else {
-      for (int e = 0; e < W; ++e) o[e] = g[k][e];
+      for (int e = 0; e < W; ++e) o[e] = to_storage<S>(g[k][e]);
     }
   }
 }
@@ -277,10 +289,9 @@ struct CpuTiles {
 };
 
 /// Whether a body runs as CpuTiles: every forward, and the recomputing backward (the storing
-/// backward multiplies stored partials by adjoints: nothing to gain).
+/// backward multiplies stored partials by adjoints: nothing to gain), in every storage type.
 template <class Body>
-inline constexpr bool cpu_tiles_apply =
-    (Body::forward || !Body::stores) && std::is_same_v<typename Body::storage, typename Body::scalar>;
+inline constexpr bool cpu_tiles_apply = Body::forward || !Body::stores;
 
 #endif  // DUALCAST_CPU_TILES
 
