@@ -40,6 +40,9 @@ import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "common"))
+import torch_timing  # noqa: E402
+
 
 def build_model(width, in_channels=1, classes=10):
     import torch.nn as nn
@@ -249,22 +252,7 @@ def time_method(torch, method, batch, width, reps, warmup, profile, precision="f
         step()
     torch.cuda.synchronize()
     warm_s = time.perf_counter() - t0
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    ms = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        start.record()
-        step()
-        end.record()
-        end.synchronize()
-        ms.append(start.elapsed_time(end))
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(reps):
-        loss = step()
-    end.record()
-    end.synchronize()
-    pipelined = start.elapsed_time(end) / reps
+    ms, pipelined, loss = torch_timing.time_cuda(torch, step, reps)
     if profile:
         torch.cuda.synchronize()
         torch.cuda.cudart().cudaProfilerStart()

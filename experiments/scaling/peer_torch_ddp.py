@@ -39,6 +39,8 @@ import time  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXPERIMENTS = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(EXPERIMENTS, "common"))
+import torch_timing  # noqa: E402
 MODELS = ("resnet", "hmlstm")
 PRECISIONS = ("fp32", "tf32", "bf16")
 
@@ -59,38 +61,10 @@ def write_record(path, rec):
         json.dump(rec, fh, indent=1)
 
 
-def summary(ms):
-    v = sorted(ms)
-
-    def pct(q):  # linear interpolation, as numpy.percentile's default
-        x = (len(v) - 1) * q / 100.0
-        lo = int(math.floor(x))
-        hi = min(lo + 1, len(v) - 1)
-        return v[lo] + (v[hi] - v[lo]) * (x - lo)
-    return {"median": pct(50), "p10": pct(10), "p90": pct(90), "min": v[0], "max": v[-1], "n": len(v)}
-
-
 def time_fn(torch, fn, reps, warmup):
-    """Per-repetition times from an idle GPU (events around one call), then reps back to back."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    ms = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        ms.append(start.elapsed_time(end))
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    end.synchronize()
-    return summary(ms), start.elapsed_time(end) / reps
+    """(summary of the per-repetition ms from an idle GPU, pipelined ms): common/torch_timing.py."""
+    ms, pipelined, _ = torch_timing.time_cuda(torch, fn, reps, warmup)
+    return torch_timing.summary(ms), pipelined
 
 
 def hmlstm_module(torch, peers, H, V, a, seed):
