@@ -11,7 +11,7 @@ each number means).
 Runs (N over --gpus-list): weak scaling at a fixed batch per GPU (ResNet-18 256 images, HM-LSTM 64
 sequences), strong scaling at a fixed global batch (256, 64) for N > 1 (N = 1 is the weak run), each
 by dualcast and by the PyTorch DDP peer; unless --skip-train, hmlstm_dp --train-steps 300 on 1 GPU
-and on the largest N (batch 64 N, Adam lr 2e-3 sqrt(N)). Raw records go to OUT/runs, each run's
+and on the largest N (batch 64 N, Adam lr 2e-3, the 1-GPU rate). Raw records go to OUT/runs, each run's
 stdout and stderr to OUT/logs. A failed run is recorded with its stderr tail and the study goes on.
 Exit status: 0 when every run it started succeeded, 1 otherwise (the files are written either way).
 The reading of the records, the derived numbers and the markdown are in derive.py.

@@ -149,7 +149,7 @@ def test_derivation(tmp):
     runs = fabricate(tmp, [1, 2, 4])
     check(len(runs) == 22, "plan: 2 models x (3 weak + 2 strong) x 2 frameworks + 2 training runs, got %d" % len(runs))
     check({r["name"] for r in runs} == set(RECORDS), "plan: run names")
-    check(runs[-1]["lr"] == 2e-3 * 2, "train_g4: lr 2e-3 * sqrt(4)")
+    check(runs[-1]["lr"] == 2e-3, "train_g4: lr 2e-3, the 1-GPU rate")
     st = {r["name"]: r["status"] for r in runs}
     check(st["torch_hmlstm_weak_g4"] == "skipped: no CUDA device",
           "the peer's skipped record: %s" % st["torch_hmlstm_weak_g4"])
@@ -223,7 +223,7 @@ def test_derivation(tmp):
           "- MISS: resnet weak-scaling efficiency at 4 GPUs" in md and "- MISS: hmlstm strong, 2 GPUs" in md,
           "markdown: target lines")
     check("reached 2.5000 bits/char at step 100, 4.0 s" in md and "less wall time (faster)" in md and
-          "sqrt(N)" in md, "markdown: training lines")
+          derive.TRAIN_LR_RULE in md and "the same windows" in md, "markdown: training lines")
     check("- torch_hmlstm_strong_g4: failed: exit status 1" in md and "- torch_hmlstm_weak_g4: skipped: no CUDA device"
           in md, "markdown: failed and skipped runs")
 
@@ -314,7 +314,7 @@ def test_end_to_end(tmp):
     with open(os.path.join(out, "runs", "train_g2.json")) as fh:
         argv = json.load(fh)["argv"]
     check(argv[:6] == ["--train-steps", "300", "--gpus", "2", "--batch", "128"] and argv[argv.index("--lr") + 1]
-          == "0.00282843", "training command: %s" % argv)
+          == "0.002", "training command: %s" % argv)
     d = study["derived"]
     w2 = [r for r in d["models"]["resnet"]["weak"] if r["gpus"] == 2][0]
     check(close(w2["dualcast_eff"], 10.0 / 10.1) and w2["torch_ms"] is None, "end to end: resnet weak eff at 2")
