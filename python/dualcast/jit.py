@@ -1,0 +1,364 @@
+"""dualcast.jit: a broadcast function's body, given as C++ source text, compiled at run time.
+
+The body is the inside of a C++ function whose parameters are the named inputs: the differentiated
+ones are dual numbers (dualcast::Dual<T, K>, K = the number of differentiated inputs, seeded so that
+partial k is d/d(k-th differentiated input)), the others plain T. It returns one value (or, with
+outputs=M > 1, a brace list of M values), with ordinary data-dependent if/else. The same dual-number
+and math headers as the C++ library's (include/dualcast/dual.hpp, math.hpp) give it +, -, *, /,
+comparisons, sigmoid, tanh, exp, log, ... over duals and numbers.
+
+One compiled kernel evaluates the body at every element of the inputs' broadcast shape and writes
+each output's value and its K partials: the forward-mode half of dualcast's mixed mode. The reverse
+half (gradient x partial, summed back to each input's shape) belongs to the caller (dualcast.torch).
+
+CPU: the host C++ compiler ($CXX, else c++) builds a shared library, loaded with ctypes. Compiled
+kernels are cached in memory and on disk ($DUALCAST_CACHE_DIR, else $XDG_CACHE_HOME/dualcast/jit or
+~/.cache/dualcast/jit), keyed by the generated source, the compiler and its flags, the CPU, the
+headers' contents and dualcast's version, so a second process compiles nothing.
+"""
+
+import ctypes
+import hashlib
+import os
+import platform
+import re
+import shlex
+import subprocess
+import tempfile
+import threading
+
+from . import __version__
+
+ABI_VERSION = 1
+MAX_DIFFERENTIATED = 16  # partials per dual number: the registers a GPU thread can hold
+DTYPES = {"float32": "float", "float64": "double"}
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_RESERVED = {"T", "D", "K", "M", "Out", "Ret", "dualcast", "std"}
+_HEADERS = ("config.hpp", "dual.hpp", "math.hpp")
+
+# Source names in the compiler's messages: the user's body is file "<elementwise>", from line 1.
+BODY_FILE = "<elementwise>"
+
+
+class CompileError(RuntimeError):
+    """The body did not compile: the compiler's message, with the user's lines it names."""
+
+
+class Spec:
+    """What identifies a kernel apart from its dtype: the body, the inputs, the differentiated
+    inputs (a subset, in the inputs' order) and the number of outputs."""
+
+    def __init__(self, body, inputs, differentiable, outputs=1):
+        who = "dualcast.elementwise"
+        if not isinstance(body, str) or not body.strip():
+            raise ValueError("%s: the body must be non-empty C++ source text" % who)
+        self.body = body
+        self.inputs = _names(inputs, "inputs", who)
+        if not self.inputs:
+            raise ValueError("%s: inputs names no input" % who)
+        self.differentiable = _names(differentiable, "differentiable", who)
+        for n in self.differentiable:
+            if n not in self.inputs:
+                raise ValueError("%s: differentiable input '%s' is not one of the inputs (%s)"
+                                 % (who, n, " ".join(self.inputs)))
+        # Partial k belongs to the k-th differentiated input in the inputs' order, whatever order
+        # `differentiable` lists them in.
+        self.differentiable = [n for n in self.inputs if n in self.differentiable]
+        if len(self.differentiable) > MAX_DIFFERENTIATED:
+            raise ValueError("%s: %d differentiated inputs; at most %d" % (who, len(self.differentiable),
+                                                                         MAX_DIFFERENTIATED))
+        if not isinstance(outputs, int) or isinstance(outputs, bool) or not 1 <= outputs <= 16:
+            raise ValueError("%s: outputs must be an integer in [1, 16], not %r" % (who, outputs))
+        self.outputs = outputs
+
+    @property
+    def k(self):
+        return len(self.differentiable)
+
+    def source(self, dtype):
+        """The translation unit for dtype ('float32' or 'float64')."""
+        if dtype not in DTYPES:
+            raise TypeError("dualcast.elementwise: dtype %s is not supported (float32, float64)" % dtype)
+        return _SOURCE.format(
+            T=DTYPES[dtype], K=max(self.k, 1), M=self.outputs, NIN=len(self.inputs), ABI=ABI_VERSION,
+            params=", ".join(("D " if n in self.differentiable else "T ") + n for n in self.inputs),
+            loads="\n".join(_load_line(i, n, self.differentiable) for i, n in enumerate(self.inputs)),
+            args=", ".join("x%d" % i for i in range(len(self.inputs))),
+            body_file=BODY_FILE, body=self.body)
+
+
+def _names(text, what, who):
+    if isinstance(text, (list, tuple)):
+        names = list(text)
+    elif isinstance(text, str):
+        names = text.split()
+    else:
+        raise TypeError("%s: %s must be space-separated names, not %r" % (who, what, text))
+    for n in names:
+        if not isinstance(n, str) or not _IDENT.match(n) or n in _RESERVED:
+            raise ValueError("%s: %s: '%s' is not a usable C++ name" % (who, what, n))
+    if len(set(names)) != len(names):
+        raise ValueError("%s: %s names an input twice: %s" % (who, what, " ".join(names)))
+    return names
+
+
+def _load_line(i, name, differentiable):
+    load = "static_cast<const T*>(a->in[%d])[o[%d]]" % (i, i)
+    if name in differentiable:
+        return "      const D x%d = D::variable(%s, %d);" % (i, load, differentiable.index(name))
+    return "      const T x%d = %s;" % (i, load)
+
+
+# The kernel: rows (all dimensions but the last) in parallel, each row's elements in order, every
+# input read through its own strides (0 where it is broadcast). Outputs and partials are contiguous.
+_SOURCE = r"""// generated by dualcast.jit (ABI {ABI})
+#include <array>
+#include <cstdint>
+#include <type_traits>
+
+#include "dualcast/dual.hpp"
+#include "dualcast/math.hpp"
+
+namespace {{
+using T = {T};
+constexpr int K = {K};
+constexpr int M = {M};
+constexpr int NIN = {NIN};
+using D = dualcast::Dual<T, K>;
+
+// What a return statement may give: a dual, or a plain number (a constant).
+struct Out {{
+  D v;
+  Out(const D& d) : v(d) {{}}
+  template <class A, std::enable_if_t<std::is_arithmetic_v<A>, int> = 0>
+  Out(A a) : v(D::constant(static_cast<T>(a))) {{}}
+}};
+using Ret = std::conditional_t<M == 1, Out, std::array<Out, M>>;
+
+using namespace dualcast;
+
+Ret user_body({params}) {{
+#line 1 "{body_file}"
+{body}
+}}
+#line 40 "dualcast-jit-kernel"
+
+inline const Out& out_at(const Out& r, int) {{ return r; }}
+template <std::size_t N>
+inline const Out& out_at(const std::array<Out, N>& r, int m) {{ return r[static_cast<std::size_t>(m)]; }}
+
+struct Args {{
+  std::int64_t ndim;
+  const std::int64_t* shape;        // ndim
+  const void* const* in;            // NIN
+  const std::int64_t* in_strides;   // NIN x ndim, in elements
+  void* const* out;                 // M, contiguous
+  void* const* partials;            // M x K, contiguous; null: not wanted
+  std::int64_t threads;
+}};
+}}  // namespace
+
+extern "C" int dualcast_jit_abi() {{ return {ABI}; }}
+extern "C" int dualcast_jit_k() {{ return K; }}
+
+extern "C" int dualcast_jit_run(const Args* a) {{
+  const std::int64_t nd = a->ndim;
+  const std::int64_t cols = nd > 0 ? a->shape[nd - 1] : 1;
+  std::int64_t rows = 1;
+  for (std::int64_t d = 0; d + 1 < nd; ++d) rows *= a->shape[d];
+  if (cols == 0 || rows == 0) return 0;
+#pragma omp parallel for schedule(static) num_threads(a->threads > 0 ? a->threads : 1) if (rows * cols > 32768)
+  for (std::int64_t r = 0; r < rows; ++r) {{
+    std::int64_t o[NIN > 0 ? NIN : 1] = {{}}, step[NIN > 0 ? NIN : 1] = {{}};
+    std::int64_t rest = r;
+    for (std::int64_t d = nd - 2; d >= 0; --d) {{
+      const std::int64_t i = rest % a->shape[d];
+      rest /= a->shape[d];
+      for (int k = 0; k < NIN; ++k) o[k] += i * a->in_strides[k * nd + d];
+    }}
+    for (int k = 0; k < NIN; ++k) step[k] = nd > 0 ? a->in_strides[k * nd + nd - 1] : 0;
+    for (std::int64_t c = 0; c < cols; ++c) {{
+{loads}
+      const Ret res = user_body({args});
+      const std::int64_t e = r * cols + c;
+      for (int m = 0; m < M; ++m) {{
+        const D& v = out_at(res, m).v;
+        static_cast<T*>(a->out[m])[e] = v.val;
+        for (int j = 0; j < K; ++j)
+          if (a->partials[m * K + j]) static_cast<T*>(a->partials[m * K + j])[e] = v.d[j];
+      }}
+      for (int k = 0; k < NIN; ++k) o[k] += step[k];
+    }}
+  }}
+  return 0;
+}}
+"""
+
+
+class _Args(ctypes.Structure):
+    _fields_ = [("ndim", ctypes.c_int64), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("in_", ctypes.POINTER(ctypes.c_void_p)), ("in_strides", ctypes.POINTER(ctypes.c_int64)),
+                ("out", ctypes.POINTER(ctypes.c_void_p)), ("partials", ctypes.POINTER(ctypes.c_void_p)),
+                ("threads", ctypes.c_int64)]
+
+
+class Kernel:
+    """One compiled (spec, dtype) on the CPU. `run` takes raw addresses: the caller owns the memory
+    and has checked shapes (dualcast.torch does both)."""
+
+    def __init__(self, spec, dtype, path, from_disk):
+        self.spec, self.dtype, self.path, self.from_disk = spec, dtype, path, from_disk
+        self._lib = ctypes.CDLL(path)
+        if self._lib.dualcast_jit_abi() != ABI_VERSION:
+            raise RuntimeError("dualcast.jit: %s was built for another ABI" % path)
+        self._run = self._lib.dualcast_jit_run
+        self._run.argtypes = [ctypes.POINTER(_Args)]
+        self._run.restype = ctypes.c_int
+
+    def run(self, shape, inputs, in_strides, outputs, partials, threads=0):
+        """shape: the broadcast shape; inputs: one address per input; in_strides: per input, its
+        element strides over `shape` (0 where broadcast); outputs: M addresses of contiguous
+        buffers of prod(shape) elements; partials: M x K addresses or None (not wanted)."""
+        nd, nin, s = len(shape), len(self.spec.inputs), self.spec
+        if len(inputs) != nin or len(in_strides) != nin or len(outputs) != s.outputs:
+            raise ValueError("dualcast.jit: %d inputs, %d stride lists and %d outputs given; the kernel "
+                             "takes %d, %d and %d" % (len(inputs), len(in_strides), len(outputs), nin, nin,
+                                                      s.outputs))
+        kk = max(s.k, 1)
+        if len(partials) != s.outputs * kk:
+            raise ValueError("dualcast.jit: %d partial buffers given; the kernel writes %d"
+                             % (len(partials), s.outputs * kk))
+        for st in in_strides:
+            if len(st) != nd:
+                raise ValueError("dualcast.jit: a stride list of %d entries for a %d-dimensional shape"
+                                 % (len(st), nd))
+        a = _Args()
+        a.ndim = nd
+        a.shape = (ctypes.c_int64 * max(nd, 1))(*shape)
+        a.in_ = (ctypes.c_void_p * nin)(*inputs)
+        a.in_strides = (ctypes.c_int64 * max(nin * nd, 1))(*[x for st in in_strides for x in st])
+        a.out = (ctypes.c_void_p * s.outputs)(*outputs)
+        a.partials = (ctypes.c_void_p * len(partials))(*[p or None for p in partials])
+        a.threads = threads if threads > 0 else (os.cpu_count() or 1)
+        rc = self._run(ctypes.byref(a))
+        if rc != 0:
+            raise RuntimeError("dualcast.jit: the kernel returned %d" % rc)
+
+
+# ---- compiling and caching ---------------------------------------------------------------------
+
+_lock = threading.Lock()
+_loaded = {}  # cache key -> Kernel
+stats = {"compiled": 0, "loaded_from_disk": 0, "from_memory": 0}
+
+
+def include_dir():
+    """The folder holding dualcast/dual.hpp: $DUALCAST_INCLUDE_DIR, else the checkout's include/."""
+    d = os.environ.get("DUALCAST_INCLUDE_DIR") or os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "..", "..", "include")
+    d = os.path.normpath(d)
+    if not os.path.isfile(os.path.join(d, "dualcast", "dual.hpp")):
+        raise RuntimeError("dualcast.jit: no dualcast/dual.hpp under %s (set DUALCAST_INCLUDE_DIR)" % d)
+    return d
+
+
+def cache_dir():
+    d = os.environ.get("DUALCAST_CACHE_DIR")
+    if not d:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        d = os.path.join(base, "dualcast", "jit")
+    return d
+
+
+def compiler_command():
+    """The host compiler and the flags every kernel is built with."""
+    cxx = shlex.split(os.environ.get("CXX") or "c++")
+    return cxx + ["-std=c++20", "-O3", "-march=native", "-fPIC", "-shared", "-fopenmp",
+                  "-Werror=return-type"]
+
+
+_facts = {}
+
+
+def _toolchain_facts(cmd):
+    """What a cached kernel depends on besides its source: the compiler's identity, the CPU, the
+    headers' contents and dualcast's version."""
+    key = tuple(cmd)
+    if key not in _facts:
+        try:
+            ver = subprocess.run(cmd[:1] + ["--version"], capture_output=True, text=True, timeout=30).stdout
+        except OSError as e:
+            raise RuntimeError("dualcast.jit: cannot run the C++ compiler %r: %s" % (cmd[0], e)) from e
+        cpu = platform.machine()
+        try:
+            with open("/proc/cpuinfo") as fh:
+                cpu += next((l for l in fh if l.startswith("flags")), "")
+        except OSError:
+            pass
+        h = hashlib.sha256()
+        inc = include_dir()
+        for name in _HEADERS:
+            with open(os.path.join(inc, "dualcast", name), "rb") as fh:
+                h.update(fh.read())
+        _facts[key] = "\n".join([" ".join(cmd), ver, cpu, h.hexdigest(), __version__])
+    return _facts[key]
+
+
+def compile_kernel(spec, dtype):
+    """The Kernel for (spec, dtype): from memory, else from the disk cache, else compiled now."""
+    src = spec.source(dtype)
+    cmd = compiler_command()
+    key = hashlib.sha256((src + "\n--\n" + _toolchain_facts(cmd)).encode()).hexdigest()[:32]
+    with _lock:
+        k = _loaded.get(key)
+        if k is not None:
+            stats["from_memory"] += 1
+            return k
+        d = cache_dir()
+        os.makedirs(d, exist_ok=True)
+        path = os.path.join(d, "dc_%s.so" % key)
+        from_disk = os.path.isfile(path)
+        if not from_disk:
+            _build(src, cmd, path)
+            stats["compiled"] += 1
+        else:
+            stats["loaded_from_disk"] += 1
+        k = Kernel(spec, dtype, path, from_disk)
+        _loaded[key] = k
+        return k
+
+
+def _build(src, cmd, path):
+    folder = os.path.dirname(path)
+    fd, cpp = tempfile.mkstemp(suffix=".cpp", dir=folder)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(src)
+    tmp = cpp[:-4] + ".so"
+    try:
+        r = subprocess.run(cmd + ["-I", include_dir(), cpp, "-o", tmp], capture_output=True, text=True,
+                           timeout=300)
+        if r.returncode != 0:
+            raise CompileError(_explain(r.stderr, src, cmd[0]))
+        os.replace(tmp, path)  # atomic: a process reading the cache sees a whole library or none
+    finally:
+        for f in (cpp, tmp):
+            if os.path.exists(f):
+                os.remove(f)
+
+
+def _explain(stderr, src, compiler):
+    """The compiler's errors about the user's body, each followed by the body line it names."""
+    body = src.split('#line 1 "%s"\n' % BODY_FILE, 1)[1].split("\n")
+    lines, shown = [], set()
+    for line in stderr.splitlines():
+        if "error" not in line and BODY_FILE not in line:
+            continue
+        lines.append(line)
+        m = re.search(re.escape(BODY_FILE) + r":(\d+):", line)
+        if m and "error" in line:
+            n = int(m.group(1))
+            if 1 <= n <= len(body) and n not in shown:
+                lines.append("    line %d of the body: %s" % (n, body[n - 1].strip()))
+                shown.add(n)
+    msg = "\n".join(lines[:40]) or stderr.strip()[-4000:]
+    return "dualcast.elementwise: the body does not compile (%s):\n%s" % (compiler, msg)

@@ -1,0 +1,57 @@
+#!/usr/bin/env python3
+"""Runs the Python package's tests (python/tests/test_*.py), each test_* function in turn, without
+pytest (the CI machines have none; `pytest python/tests` runs the same files where it is installed).
+A module that needs PyTorch skips itself, with a message, where PyTorch is missing. Kernels compile into a fresh cache folder unless
+DUALCAST_CACHE_DIR is set.
+
+    python3 python/tests/run.py [-k SUBSTRING]
+
+Prints "python tests: all N passed (S skipped)" on success; exit status 1 on a failure.
+"""
+import argparse
+import importlib
+import os
+import sys
+import tempfile
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-k", default="", help="run only the tests whose name contains this")
+    args = ap.parse_args()
+    if not os.environ.get("DUALCAST_CACHE_DIR"):
+        os.environ["DUALCAST_CACHE_DIR"] = tempfile.mkdtemp(prefix="dualcast-jit-")
+    sys.path.insert(0, HERE)
+    from skip import Skip
+    passed, skipped, failed = 0, 0, []
+    for name in sorted(f[:-3] for f in os.listdir(HERE) if f.startswith("test_") and f.endswith(".py")):
+        try:
+            mod = importlib.import_module(name)
+        except Skip as e:
+            print("SKIP %s: %s" % (name, e))
+            skipped += 1
+            continue
+        for test in sorted(t for t in dir(mod) if t.startswith("test_") and args.k in t):
+            try:
+                getattr(mod, test)()
+            except Skip as e:
+                print("SKIP %s.%s: %s" % (name, test, e))
+                skipped += 1
+            except Exception:  # noqa: BLE001 - a test's failure of any kind is reported, not raised
+                failed.append("%s.%s" % (name, test))
+                print("FAIL %s.%s\n%s" % (name, test, traceback.format_exc()))
+            else:
+                print("ok   %s.%s" % (name, test))
+                passed += 1
+    if failed:
+        print("python tests: %d failed: %s" % (len(failed), ", ".join(failed)))
+        return 1
+    print("python tests: all %d passed (%d skipped)" % (passed, skipped))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

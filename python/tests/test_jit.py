@@ -1,0 +1,275 @@
+"""dualcast.jit without PyTorch: kernels compiled from source text, run on plain Python buffers
+(array.array), checked against Python references and central differences in float64."""
+
+import array
+import math
+import os
+import random
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+
+from dualcast import jit  # noqa: E402
+
+# Named tolerances (the C++ tests' rule: one place, named).
+VALUE_RTOL_F64 = 1e-12     # the kernel's float64 values against Python's math (same formulas)
+FD_STEP = 1e-6             # central-difference step in float64
+FD_RTOL = 1e-6             # partials against central differences (relative to max(1, |partial|))
+F32_RTOL = 2e-6            # float32 values against float64, relative to max(1, |value|)
+
+CELL = """
+    if (z == 1) return sigmoid(i) * tanh(g);
+    if (zb == 0) return c;
+    return sigmoid(f) * c + sigmoid(i) * tanh(g);
+"""
+
+
+def sig(x):
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+def cell_ref(z, zb, c, f, i, g):
+    if z == 1:
+        return sig(i) * math.tanh(g)
+    if zb == 0:
+        return c
+    return sig(f) * c + sig(i) * math.tanh(g)
+
+
+# ---- broadcasting plain buffers (what dualcast.torch gets from torch's expand) -------------------
+
+def numel(shape):
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def broadcast_strides(shape, out):
+    """Element strides of a contiguous `shape` read over `out` (0 where broadcast)."""
+    strides, acc = [0] * len(out), 1
+    for d in range(1, len(shape) + 1):
+        size = shape[-d]
+        assert size in (1, out[-d]), (shape, out)
+        strides[-d] = acc if size != 1 else 0
+        acc *= size
+    return strides
+
+
+def index_of(e, out, strides):
+    off = 0
+    for d in range(len(out) - 1, -1, -1):
+        off += (e % out[d]) * strides[d]
+        e //= out[d]
+    return off
+
+
+class Buf:
+    def __init__(self, values, typecode="d"):
+        self.a = array.array(typecode, values)
+
+    @property
+    def ptr(self):
+        return self.a.buffer_info()[0]
+
+
+def run(kernel, out_shape, inputs, typecode="d"):
+    """inputs: (shape, values) per input; returns (outputs, partials) as lists of lists."""
+    s = kernel.spec
+    n = numel(out_shape)
+    bufs = [Buf(v, typecode) for _, v in inputs]
+    outs = [Buf([math.nan] * n, typecode) for _ in range(s.outputs)]  # poisoned
+    parts = [Buf([math.nan] * n, typecode) for _ in range(s.outputs * max(s.k, 1))]
+    kernel.run(list(out_shape), [b.ptr for b in bufs], [broadcast_strides(sh, out_shape) for sh, _ in inputs],
+               [o.ptr for o in outs], [p.ptr for p in parts])
+    return [list(o.a) for o in outs], [list(p.a) for p in parts]
+
+
+def cell_inputs(rng, out_shape, shapes):
+    vals = []
+    for name, sh in zip("z zb c f i g".split(), shapes):
+        k = numel(sh)
+        if name in ("z", "zb"):
+            vals.append((sh, [float(rng.random() < 0.5) for _ in range(k)]))
+        else:
+            vals.append((sh, [rng.uniform(-2, 2) for _ in range(k)]))
+    return vals
+
+
+PATTERNS = {  # per input (z zb c f i g): its shape over an output of (3, 5)
+    "all full": [(3, 5)] * 6,
+    "flags per row, c full": [(3, 1), (3, 1), (3, 5), (3, 5), (3, 5), (3, 5)],
+    "gates per column": [(3, 5), (3, 5), (3, 5), (1, 5), (5,), (1, 5)],
+    "scalars": [(), (), (3, 5), (), (1, 1), ()],
+    "one of each": [(3, 1), (), (1, 5), (3, 5), (5,), (3, 1)],
+}
+
+
+def close(a, b, rtol):
+    return abs(a - b) <= rtol * max(1.0, abs(a), abs(b))
+
+
+# ---- tests --------------------------------------------------------------------------------------
+
+def test_values_match_a_python_reference_on_every_broadcast_pattern():
+    k = jit.compile_kernel(jit.Spec(CELL, "z zb c f i g", "c f i g"), "float64")
+    rng = random.Random(1)
+    out_shape = (3, 5)
+    for pattern, shapes in PATTERNS.items():
+        ins = cell_inputs(rng, out_shape, shapes)
+        outs, _ = run(k, out_shape, ins)
+        for e in range(numel(out_shape)):
+            args = [v[index_of(e, out_shape, broadcast_strides(sh, out_shape))] for sh, v in ins]
+            assert close(outs[0][e], cell_ref(*args), VALUE_RTOL_F64), (pattern, e, outs[0][e], cell_ref(*args))
+
+
+def test_partials_equal_central_differences_in_float64():
+    k = jit.compile_kernel(jit.Spec(CELL, "z zb c f i g", "c f i g"), "float64")
+    rng = random.Random(2)
+    out_shape = (3, 5)
+    for pattern, shapes in PATTERNS.items():
+        ins = cell_inputs(rng, out_shape, shapes)
+        _, parts = run(k, out_shape, ins)
+        # Each output element reads one element of each input, so moving a whole input by h moves
+        # every output by its own partial times h, broadcast or not.
+        for j, idx in enumerate((2, 3, 4, 5)):
+            plus = [(sh, [x + FD_STEP for x in v]) if n == idx else (sh, v) for n, (sh, v) in enumerate(ins)]
+            minus = [(sh, [x - FD_STEP for x in v]) if n == idx else (sh, v) for n, (sh, v) in enumerate(ins)]
+            hi, lo = run(k, out_shape, plus)[0][0], run(k, out_shape, minus)[0][0]
+            for e in range(numel(out_shape)):
+                fd = (hi[e] - lo[e]) / (2 * FD_STEP)
+                assert close(parts[j][e], fd, FD_RTOL), (pattern, "partial", j, e, parts[j][e], fd)
+
+
+def test_a_data_dependent_branch_on_a_differentiated_input():
+    body = "if (x > y) return x * x * y; return 0;"  # `return 0`: a constant, partials 0
+    k = jit.compile_kernel(jit.Spec(body, "x y", "x y"), "float64")
+    xs, ys = [1.5, -0.5, 2.0, 0.25], [1.0, 0.5, -3.0, 0.75]
+    outs, parts = run(k, (4,), [((4,), xs), ((4,), ys)])
+    for e, (x, y) in enumerate(zip(xs, ys)):
+        want = (x * x * y, 2 * x * y, x * x) if x > y else (0.0, 0.0, 0.0)
+        assert (outs[0][e], parts[0][e], parts[1][e]) == want, (e, outs[0][e], parts[0][e], parts[1][e], want)
+
+
+def test_several_outputs_each_with_its_partials():
+    body = "return {a * b, sin(a) + exp(b)};"
+    k = jit.compile_kernel(jit.Spec(body, "a b", "a b", outputs=2), "float64")
+    a, b = [0.3, -1.2, 2.5], [0.7, 0.1, -0.4]
+    outs, parts = run(k, (3,), [((3,), a), ((3,), b)])
+    for e in range(3):
+        assert close(outs[0][e], a[e] * b[e], VALUE_RTOL_F64)
+        assert close(outs[1][e], math.sin(a[e]) + math.exp(b[e]), VALUE_RTOL_F64)
+        # partials: output m, input j at m * K + j
+        assert close(parts[0][e], b[e], VALUE_RTOL_F64) and close(parts[1][e], a[e], VALUE_RTOL_F64)
+        assert close(parts[2][e], math.cos(a[e]), VALUE_RTOL_F64)
+        assert close(parts[3][e], math.exp(b[e]), VALUE_RTOL_F64)
+
+
+def test_float32_agrees_with_float64_on_odd_sizes_and_the_threaded_path():
+    spec = jit.Spec(CELL, "z zb c f i g", "c f i g")
+    k64, k32 = jit.compile_kernel(spec, "float64"), jit.compile_kernel(spec, "float32")
+    rng = random.Random(3)
+    # 37 x 1001 elements: above the kernel's threading threshold; odd row length; a 3-D broadcast.
+    for out_shape, shapes in [((37, 1001), [(37, 1), (1,), (37, 1001), (1001,), (37, 1001), (37, 1)]),
+                              ((3, 1, 7), [(3, 1, 7), (1, 7), (3, 1, 1), (7,), (), (3, 1, 7)]),
+                              ((1,), [(1,)] * 6)]:
+        ins = cell_inputs(rng, out_shape, shapes)
+        ins32 = [(sh, list(array.array("f", v))) for sh, v in ins]  # the float32 inputs, exactly
+        o64, p64 = run(k64, out_shape, ins32)
+        o32, p32 = run(k32, out_shape, ins32, typecode="f")
+        for e in range(numel(out_shape)):
+            assert close(o32[0][e], o64[0][e], F32_RTOL), (out_shape, e, o32[0][e], o64[0][e])
+            for j in range(4):
+                assert close(p32[j][e], p64[j][e], F32_RTOL), (out_shape, "partial", j, e)
+
+
+def test_an_empty_shape_writes_nothing():
+    k = jit.compile_kernel(jit.Spec("return x * 2;", "x", "x"), "float64")
+    outs, parts = run(k, (0, 3), [((0, 3), [])])
+    assert outs == [[]] and parts == [[]]
+
+
+def test_unwanted_partials_are_not_written():
+    k = jit.compile_kernel(jit.Spec("return x * y;", "x y", "x y"), "float64")
+    x, y, out, p1 = Buf([2.0, 3.0]), Buf([5.0, 7.0]), Buf([math.nan] * 2), Buf([math.nan] * 2)
+    k.run([2], [x.ptr, y.ptr], [[1], [1]], [out.ptr], [0, p1.ptr])
+    assert list(out.a) == [10.0, 21.0] and list(p1.a) == [2.0, 3.0]
+
+
+def test_a_compile_error_names_the_users_line():
+    body = "T s = x * 2;\nif (s > 1)\n  return undefined_function(s);\nreturn s;"
+    try:
+        jit.compile_kernel(jit.Spec(body, "x", "x"), "float64")
+    except jit.CompileError as e:
+        msg = str(e)
+        assert "line 3 of the body: return undefined_function(s);" in msg, msg
+        assert "undefined_function" in msg and jit.BODY_FILE + ":3" in msg, msg
+    else:
+        raise AssertionError("a body calling an undefined function compiled")
+    # ... and the next kernel compiles as if nothing had happened.
+    jit.compile_kernel(jit.Spec("return x + 1;", "x", "x"), "float64")
+
+
+def test_a_body_without_a_return_on_some_path_is_a_compile_error():
+    try:
+        jit.compile_kernel(jit.Spec("if (x > 0) return x;", "x", "x"), "float64")
+    except jit.CompileError as e:
+        assert "return" in str(e), str(e)
+    else:
+        raise AssertionError("a body that can fall off its end compiled")
+
+
+def test_bad_names_are_refused_with_the_name():
+    cases = [
+        (("return x;", "x", "y"), "differentiable input 'y' is not one of the inputs"),
+        (("return x;", "x x", "x"), "names an input twice"),
+        (("return x;", "x 2y", "x"), "'2y' is not a usable C++ name"),
+        (("return x;", "x T", "x"), "'T' is not a usable C++ name"),
+        (("return x;", "", ""), "inputs names no input"),
+        (("  ", "x", "x"), "the body must be non-empty"),
+        (("return x;", "x", "x", 0), "outputs must be an integer in [1, 16]"),
+        (("return x;", " ".join("x%d" % i for i in range(17)), " ".join("x%d" % i for i in range(17))),
+         "17 differentiated inputs; at most 16"),
+    ]
+    for args, want in cases:
+        try:
+            jit.Spec(*args)
+        except ValueError as e:
+            assert want in str(e), (args, str(e))
+        else:
+            raise AssertionError("accepted: %r" % (args,))
+    try:
+        jit.Spec("return x;", "x", "x").source("int32")
+    except TypeError as e:
+        assert "int32 is not supported" in str(e)
+    else:
+        raise AssertionError("accepted dtype int32")
+
+
+def test_the_differentiated_order_is_the_inputs_order():
+    # differentiable listed backwards: partial 0 is still d/da (a comes first among the inputs)
+    k = jit.compile_kernel(jit.Spec("return a * a * b;", "a b", "b a"), "float64")
+    outs, parts = run(k, (1,), [((1,), [3.0]), ((1,), [5.0])])
+    assert parts[0] == [30.0] and parts[1] == [9.0], parts
+
+
+def test_a_second_process_compiles_nothing():
+    spec_args = (CELL, "z zb c f i g", "c f i g")
+    jit.compile_kernel(jit.Spec(*spec_args), "float32")  # in the disk cache now
+    code = ("import sys; sys.path.insert(0, %r)\n"
+            "from dualcast import jit\n"
+            "jit.compile_kernel(jit.Spec(%r, %r, %r), 'float32')\n"
+            "print(jit.stats['compiled'], jit.stats['loaded_from_disk'])\n") % (
+        os.path.join(HERE, ".."), *spec_args)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["0", "1"], r.stdout
+
+
+def test_the_memory_cache_returns_the_same_kernel():
+    a = jit.compile_kernel(jit.Spec("return x * 3;", "x", "x"), "float64")
+    b = jit.compile_kernel(jit.Spec("return x * 3;", "x", "x"), "float64")
+    c = jit.compile_kernel(jit.Spec("return x * 4;", "x", "x"), "float64")
+    assert a is b and a is not c
