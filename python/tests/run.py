@@ -11,6 +11,7 @@ Prints "python tests: all N passed (S skipped)" on success; exit status 1 on a f
 import argparse
 import importlib
 import os
+import shutil
 import sys
 import tempfile
 import traceback
@@ -22,8 +23,18 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("-k", default="", help="run only the tests whose name contains this")
     args = ap.parse_args()
+    own_cache = None
     if not os.environ.get("DUALCAST_CACHE_DIR"):
-        os.environ["DUALCAST_CACHE_DIR"] = tempfile.mkdtemp(prefix="dualcast-jit-")
+        own_cache = tempfile.mkdtemp(prefix="dualcast-jit-")
+        os.environ["DUALCAST_CACHE_DIR"] = own_cache
+    try:
+        return run_all(args)
+    finally:
+        if own_cache:
+            shutil.rmtree(own_cache, ignore_errors=True)
+
+
+def run_all(args):
     sys.path.insert(0, HERE)
     from skip import Skip
     passed, skipped, failed = 0, 0, []
