@@ -1,0 +1,261 @@
+"""dualcast.cuda: the CUDA path of dualcast.jit. The same generated source (jit.Spec.source(dtype,
+"cuda")) compiled by NVRTC into a cubin for the GPU's architecture, loaded and launched through the
+CUDA driver API, both through ctypes: no compiled extension, no nvcc at run time.
+
+NVRTC has no C++ standard library: dualcast/nvrtc_include/ maps the few standard headers dualcast's
+dual.hpp and math.hpp include onto CUDA's libcu++ (include/cccl). Cubins are cached in memory and on
+disk next to the CPU kernels, keyed by the source, NVRTC's version, the architecture, the options, the
+headers and dualcast's version. A kernel runs on the stream it is given (dualcast.torch passes
+PyTorch's current stream) and never synchronises.
+"""
+
+import ctypes
+import ctypes.util
+import glob
+import hashlib
+import os
+import threading
+
+from . import __version__
+from . import jit
+
+SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nvrtc_include")
+THREADS = 256
+
+
+def cuda_home():
+    for d in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if d and os.path.isdir(os.path.join(d, "include")):
+            return d
+    raise RuntimeError("dualcast.cuda: no CUDA toolkit found (set CUDA_HOME)")
+
+
+def _load(env, names, what):
+    tried = []
+    cand = [os.environ.get(env)] if os.environ.get(env) else []
+    for n in names:
+        cand += sorted(glob.glob(os.path.join(cuda_home(), "lib64", n)), reverse=True) if "*" in n else [
+            os.path.join(cuda_home(), "lib64", n)]
+        cand.append(ctypes.util.find_library(n.split(".so")[0][3:]) or "")
+    for c in cand:
+        if not c:
+            continue
+        tried.append(c)
+        try:
+            return ctypes.CDLL(c)
+        except OSError:
+            continue
+    raise RuntimeError("dualcast.cuda: cannot load %s (tried %s; set %s)" % (what, ", ".join(tried) or "nothing", env))
+
+
+_nvrtc = None
+_cuda = None
+_lock = threading.Lock()
+
+
+def nvrtc():
+    global _nvrtc
+    if _nvrtc is None:
+        _nvrtc = _load("DUALCAST_NVRTC", ["libnvrtc.so", "libnvrtc.so.*"], "NVRTC")
+    return _nvrtc
+
+
+def nvrtc_version():
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    nvrtc().nvrtcVersion(ctypes.byref(major), ctypes.byref(minor))
+    return "%d.%d" % (major.value, minor.value)
+
+
+def include_dirs():
+    home = os.path.join(cuda_home(), "include")
+    cccl = os.path.join(home, "cccl")
+    return [jit.include_dir(), SHIM] + ([cccl] if os.path.isdir(cccl) else []) + [home]
+
+
+def options(arch):
+    return ["--gpu-architecture=sm_%d" % arch, "-std=c++20", "-default-device",
+            "-DNDEBUG"] + ["-I" + d for d in include_dirs()]
+
+
+def compile_cubin(spec, dtype, arch):
+    """The cubin of (spec, dtype) for sm_<arch> (e.g. 90), from the disk cache or compiled now."""
+    src = spec.source(dtype, "cuda")
+    opts = options(arch)
+    h = hashlib.sha256()
+    for part in (src, nvrtc_version(), " ".join(opts), __version__):
+        h.update(part.encode() + b"\0")
+    for name in jit.HEADERS:
+        with open(os.path.join(jit.include_dir(), "dualcast", name), "rb") as fh:
+            h.update(fh.read())
+    for name in sorted(os.listdir(SHIM)):
+        with open(os.path.join(SHIM, name), "rb") as fh:
+            h.update(fh.read())
+    path = os.path.join(jit.cache_dir(), "dc_%s.sm%d.cubin" % (h.hexdigest()[:32], arch))
+    if os.path.isfile(path):
+        with open(path, "rb") as fh:
+            jit.stats["loaded_from_disk"] += 1
+            return fh.read()
+    cubin = _nvrtc_compile(src, opts)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = "%s.%d.tmp" % (path, os.getpid())
+    with open(tmp, "wb") as fh:
+        fh.write(cubin)
+    os.replace(tmp, path)
+    jit.stats["compiled"] += 1
+    return cubin
+
+
+def _nvrtc_compile(src, opts):
+    lib = nvrtc()
+    prog = ctypes.c_void_p()
+    _nv_check(lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"dualcast_jit.cu", 0, None, None),
+              "nvrtcCreateProgram")
+    try:
+        arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
+        rc = lib.nvrtcCompileProgram(prog, len(opts), arr)
+        n = ctypes.c_size_t()
+        lib.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
+        log = ctypes.create_string_buffer(n.value)
+        lib.nvrtcGetProgramLog(prog, log)
+        if rc != 0:
+            raise jit.CompileError(jit.explain(log.value.decode(errors="replace"), src, "NVRTC " + nvrtc_version()))
+        lib.nvrtcGetCUBINSize(prog, ctypes.byref(n))
+        out = ctypes.create_string_buffer(n.value)
+        _nv_check(lib.nvrtcGetCUBIN(prog, out), "nvrtcGetCUBIN")
+        return out.raw
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+def _nv_check(rc, what):
+    if rc != 0:
+        nvrtc().nvrtcGetErrorString.restype = ctypes.c_char_p
+        raise RuntimeError("dualcast.cuda: %s failed: %s" % (what, nvrtc().nvrtcGetErrorString(rc).decode()))
+
+
+# ---- the driver API ----------------------------------------------------------------------------
+
+def driver():
+    global _cuda
+    if _cuda is None:
+        try:
+            _cuda = ctypes.CDLL(os.environ.get("DUALCAST_LIBCUDA") or "libcuda.so.1")
+        except OSError as e:
+            raise RuntimeError("dualcast.cuda: cannot load the CUDA driver (libcuda.so.1): %s" % e) from e
+        _cu_check(_cuda.cuInit(0), "cuInit")
+    return _cuda
+
+
+def _cu_check(rc, what):
+    if rc != 0:
+        s = ctypes.c_char_p()
+        _cuda.cuGetErrorString(rc, ctypes.byref(s))
+        raise RuntimeError("dualcast.cuda: %s failed: %s (%d)" % (what, (s.value or b"?").decode(), rc))
+
+
+def _attribute(device, attr):
+    v = ctypes.c_int()
+    _cu_check(driver().cuDeviceGetAttribute(ctypes.byref(v), attr, device), "cuDeviceGetAttribute")
+    return v.value
+
+
+def arch_of(device):
+    return _attribute(device, 75) * 10 + _attribute(device, 76)  # compute capability major, minor
+
+
+def _make_current(device):
+    """The device's primary context current on this thread (PyTorch's, once PyTorch used the GPU)."""
+    cu = driver()
+    ctx = ctypes.c_void_p()
+    _cu_check(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), device), "cuDevicePrimaryCtxRetain")
+    cur = ctypes.c_void_p()
+    _cu_check(cu.cuCtxGetCurrent(ctypes.byref(cur)), "cuCtxGetCurrent")
+    if cur.value != ctx.value:
+        _cu_check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    cu.cuDevicePrimaryCtxRelease(device)  # the retain above only looked it up: PyTorch holds it
+    return ctx.value
+
+
+class CudaKernel:
+    """(spec, dtype) on one GPU: a loaded module and its two entry points (32- and 64-bit indices)."""
+
+    def __init__(self, spec, dtype, device):
+        self.spec, self.dtype, self.device = spec, dtype, device
+        self._ctx = _make_current(device)
+        self.arch = arch_of(device)
+        self.sms = _attribute(device, 16)  # multiprocessor count
+        cubin = compile_cubin(spec, dtype, self.arch)
+        cu = driver()
+        self._module = ctypes.c_void_p()
+        _cu_check(cu.cuModuleLoadData(ctypes.byref(self._module), ctypes.c_char_p(cubin)), "cuModuleLoadData")
+        self._fn = {}
+        for bits in (32, 64):
+            f = ctypes.c_void_p()
+            _cu_check(cu.cuModuleGetFunction(ctypes.byref(f), self._module, b"dualcast_jit_kernel%d" % bits),
+                      "cuModuleGetFunction")
+            self._fn[bits] = f
+        k, m, nin = max(spec.k, 1), spec.outputs, len(spec.inputs)
+
+        class Args(ctypes.Structure):  # jit._CUDA_KERNEL's Args, field for field
+            _fields_ = [("n", ctypes.c_int64), ("ndim", ctypes.c_int64), ("shape", ctypes.c_int64 * jit.MAX_DIMS),
+                        ("in_", ctypes.c_void_p * nin), ("in_strides", ctypes.c_int64 * (nin * jit.MAX_DIMS)),
+                        ("out", ctypes.c_void_p * m), ("partials", ctypes.c_void_p * (m * k))]
+        self._Args = Args
+
+    def run(self, stream, shape, inputs, in_strides, outputs, partials):
+        """As jit.Kernel.run, on device memory, queued on `stream` (a CUstream handle; 0: the legacy
+        default stream). Returns without waiting for the GPU."""
+        nd = len(shape)
+        if nd > jit.MAX_DIMS:
+            raise ValueError("dualcast.elementwise: a %d-dimensional broadcast shape; at most %d" % (nd, jit.MAX_DIMS))
+        n = 1
+        for d in shape:
+            n *= d
+        if n == 0:
+            return
+        a = self._Args()
+        a.n, a.ndim = n, nd
+        for d, size in enumerate(shape):
+            a.shape[d] = size
+        for i, (p, st) in enumerate(zip(inputs, in_strides)):
+            a.in_[i] = p
+            for d, x in enumerate(st):
+                a.in_strides[i * jit.MAX_DIMS + d] = x
+        for i, p in enumerate(outputs):
+            a.out[i] = p
+        for i, p in enumerate(partials):
+            a.partials[i] = p or None
+        cur = ctypes.c_void_p()
+        _cu_check(driver().cuCtxGetCurrent(ctypes.byref(cur)), "cuCtxGetCurrent")
+        if cur.value != self._ctx:  # another GPU's context is current on this thread
+            _cu_check(driver().cuCtxSetCurrent(ctypes.c_void_p(self._ctx)), "cuCtxSetCurrent")
+        blocks = min((n + THREADS - 1) // THREADS, self.sms * 16)
+        params = (ctypes.c_void_p * 1)(ctypes.addressof(a))
+        fn = self._fn[32 if n < 2 ** 31 else 64]
+        _cu_check(driver().cuLaunchKernel(fn, blocks, 1, 1, THREADS, 1, 1, 0, ctypes.c_void_p(stream), params, None),
+                  "cuLaunchKernel of %d blocks" % blocks)
+
+
+_kernels = {}
+
+
+def compile_kernel(spec, dtype, device):
+    """The CudaKernel of (spec, dtype) on GPU `device` (an index), compiled or loaded once."""
+    key = (spec.source(dtype, "cuda"), device)
+    with _lock:
+        k = _kernels.get(key)
+        if k is None:
+            k = _kernels[key] = CudaKernel(spec, dtype, device)
+        else:
+            jit.stats["from_memory"] += 1
+        return k
+
+
+def available():
+    """Whether NVRTC can be loaded (a GPU is not needed to compile)."""
+    try:
+        nvrtc()
+        return True
+    except RuntimeError:
+        return False
+
