@@ -76,12 +76,14 @@ class NcclCommunicator final : public Communicator {
     ncclGetVersion(&v);
     version_ = std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
     timeout_s_ = timeout_seconds();
-    watchdog_ = std::thread([this] { watch(); });
+    // DUALCAST_DIST_WATCHDOG=0 leaves the watchdog out (to measure what it costs): NCCL's errors and
+    // a stopped peer are then found only by the host-side waits, and a lost peer can hang the rank.
+    if (watchdog_enabled()) watchdog_ = std::thread([this] { watch(); });
   }
 
   ~NcclCommunicator() override {
     stop_ = true;
-    watchdog_.join();
+    if (watchdog_.joinable()) watchdog_.join();
     ::dualcast::detail::DeviceGuard guard(device_);
     // While an exception unwinds (this rank failed), its peers may be inside a collective this rank
     // will never join, and ncclCommDestroy can wait for them: abort at once (as PyTorch does on an
@@ -210,6 +212,14 @@ class NcclCommunicator final : public Communicator {
   /// NCCL reports a failed peer or network asynchronously; a rank blocked in a collective would wait
   /// forever, so the watchdog names the failure and ends the process (scripts/launch then stops the
   /// other ranks), as PyTorch's NCCL watchdog does.
+  static bool watchdog_enabled() {
+    const char* s = std::getenv("DUALCAST_DIST_WATCHDOG");
+    if (s == nullptr || *s == '\0') return true;
+    const std::string v(s);
+    DUALCAST_CHECK(v == "0" || v == "1", "dist: DUALCAST_DIST_WATCHDOG='", v, "' is neither 0 nor 1");
+    return v == "1";
+  }
+
   void watch() {
     // A new thread's current device is GPU 0: its first CUDA call would make a context there.
     cudaSetDevice(device_.index);

@@ -425,6 +425,9 @@ StepTimes time_steps(dualcast::Device device, Prepare&& prepare, Step&& step, in
                      bool pipelined = true, EventStream events = EventStream::dualcast) {
   if (device.is_cuda()) {
 #if defined(__CUDACC__)
+    // The events, the legacy stream and cudaDeviceSynchronize belong to the current device: make it
+    // `device`, or timing cuda:K (K > 0) from a thread on GPU 0 fails (events of another device).
+    const dualcast::detail::DeviceGuard guard(device);
     const cudaStream_t stream = events == EventStream::dualcast ? dualcast::detail::stream(device) : nullptr;
     return time_steps_cuda(prepare, step, warmup, stop, stream, pipelined);
 #else

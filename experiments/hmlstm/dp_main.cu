@@ -47,6 +47,9 @@ options:
   --mode mixed|reverse the cell's differentiation (default mixed)
   --bench              time the step (eager, then captured in a Graph)
   --reps N, --warmup N timed and untimed steps (default 30, 5)
+  --compute-first      with --bench and N > 1: time the step without the gradient average (captured)
+                       before any step with it, and again after (does a rank's compute depend on
+                       the collectives that ran before it?)
   --train-steps N      character-LM steps (default 0: none)
   --lr X               Adam's learning rate for --train-steps (default 2e-3)
   --bucket-mib X       gradient bucket size in MiB (default 4: one gate weight matrix per bucket,
@@ -68,6 +71,7 @@ struct Options {
   int train_steps = 0;
   double lr = 2e-3;
   double bucket_mib = hmlstm::kDataParallelBucketMib;
+  bool compute_first = false;
   std::string corpus = "/usr/share/common-licenses";
   std::string out, name;
 };
@@ -91,6 +95,7 @@ Options parse(int argc, char** argv, bool& help) {
       o.mode = m == "mixed" ? hmlstm::CellMode::mixed : hmlstm::CellMode::reverse;
     }
     else if (a == "--bench") { args.no_value(); o.bench = true; }
+    else if (a == "--compute-first") { args.no_value(); o.compute_first = true; }
     else if (a == "--reps") o.reps = static_cast<int>(parse_int(a, next(), 1));
     else if (a == "--warmup") o.warmup = static_cast<int>(parse_int(a, next(), 0));
     else if (a == "--train-steps") o.train_steps = static_cast<int>(parse_int(a, next(), 0));
@@ -148,6 +153,24 @@ json bench(const Options& o, const hmlstm::NetworkConfig& global, dcexp::DataPar
     opt.step();
   };
   auto none = [](int) {};
+  // The step without the gradient average, captured (sync is switched inside the lambda: on the CPU a
+  // Graph replays the lambda itself).
+  dualcast::Graph local_graph;
+  auto capture_local = [&] {
+    local_graph.capture(group.device, [&] {
+      ddp->set_sync(false);
+      step();
+      ddp->set_sync(true);
+    });
+  };
+  json first = nullptr;
+  if (ddp && o.compute_first) {
+    capture_local();
+    const dcexp::StepTimes t = dcexp::time_steps(group.device, none, [&](int) { local_graph.replay(); }, o.warmup, o.reps);
+    first = dcexp::summary_json(t.primary());
+    std::printf("%-10s %10d %12.3f %12.3f   (compute only, before any collective step)\n", "local", group.size(),
+                t.primary().median, t.primary().p90);
+  }
   const dcexp::StepTimes eager = dcexp::time_steps(group.device, none, [&](int) { step(); }, o.warmup, o.reps);
   dualcast::Graph graph;
   graph.capture(group.device, step);
@@ -164,13 +187,8 @@ json bench(const Options& o, const hmlstm::NetworkConfig& global, dcexp::DataPar
   r["graph_nodes"] = static_cast<long long>(graph.num_nodes());
   if (ddp) {
     // The captured step's parts: the same step captured without the gradient average.
-    // (sync is switched inside the lambda: on the CPU a Graph replays the lambda itself.)
-    dualcast::Graph local_graph;
-    local_graph.capture(group.device, [&] {
-      ddp->set_sync(false);
-      step();
-      ddp->set_sync(true);
-    });
+    if (!o.compute_first) capture_local();
+    if (!first.is_null()) r["compute_only_first_ms"] = first;
     r["data_parallel"] = dcexp::time_data_parallel_parts(group.device, [&] { local_graph.replay(); }, *ddp,
                                                          net.params(), captured.primary().median, o.warmup, o.reps);
   }
