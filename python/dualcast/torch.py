@@ -9,16 +9,16 @@
     c_new = cell(z, zb, c, f, i, g)     # broadcast as PyTorch does
     c_new.sum().backward()              # gradients for c, f, i, g
 
-The forward pass is one compiled kernel (dualcast.jit) that evaluates the body on dual numbers and
-writes the outputs and their partials; the backward multiplies the incoming gradients by the
-partials and sums them back to each input's shape (what the C++ library's tape does). It is a
-torch.autograd.Function. CPU tensors of float32 and float64; CUDA tensors are refused with a clear
-error until the NVRTC path exists (python/README.md).
+The forward pass is one compiled kernel (dualcast.jit on the CPU, dualcast.cuda on a GPU) that
+evaluates the body on dual numbers and writes the outputs and their partials; the backward multiplies
+the incoming gradients by the partials and sums them back to each input's shape (what the C++
+library's tape does). It is a torch.autograd.Function; float32 and float64. On a GPU the kernel runs
+on PyTorch's current stream and never synchronises.
 """
 
 import torch
 
-from . import jit
+from . import cuda, jit
 
 __all__ = ["elementwise", "Elementwise"]
 
@@ -52,9 +52,8 @@ class Elementwise:
                     raise ValueError("%s: input %s is on %s, input %s on %s" % (who, name, a.device, first, device))
             elif not isinstance(a, (int, float)) or isinstance(a, bool):
                 raise TypeError("%s: input %s is a %s, not a tensor or a number" % (who, name, type(a).__name__))
-        if device.type != "cpu":
-            raise NotImplementedError("%s: tensors on %s: only the CPU path is built so far (the CUDA path, "
-                                      "NVRTC, is not; python/README.md)" % (who, device))
+        if device.type not in ("cpu", "cuda"):
+            raise NotImplementedError("%s: tensors on %s: dualcast runs on the CPU and CUDA GPUs" % (who, device))
         # Type promotion as PyTorch's: tensors decide; a plain number does not promote.
         dtype = torch.result_type(*[t for t in tensors]) if len(tensors) > 1 else tensors[0].dtype
         if dtype not in _DTYPES:
@@ -68,8 +67,15 @@ class Elementwise:
         except RuntimeError:
             raise ValueError("%s: the inputs' shapes do not broadcast: %s" % (
                 who, ", ".join("%s %s" % (n, list(sh)) for n, sh in zip(s.inputs, shapes)))) from None
-        kernel = jit.compile_kernel(s, _DTYPES[dtype])
-        outs = _Function.apply(kernel, tuple(shape), dtype, *args)
+        if len(shape) > jit.MAX_DIMS:
+            raise ValueError("%s: a %d-dimensional broadcast shape %s; at most %d" % (who, len(shape), list(shape),
+                                                                                    jit.MAX_DIMS))
+        if device.type == "cuda":
+            kernel = cuda.compile_kernel(s, _DTYPES[dtype], device.index if device.index is not None
+                                         else torch.cuda.current_device())
+        else:
+            kernel = jit.compile_kernel(s, _DTYPES[dtype])
+        outs = _Function.apply(kernel, tuple(shape), dtype, device, *args)
         return outs[0] if s.outputs == 1 else outs
 
 
@@ -82,21 +88,25 @@ def elementwise(body, inputs, differentiable, outputs=1):
 
 class _Function(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, kernel, shape, dtype, *args):
+    def forward(ctx, kernel, shape, dtype, device, *args):
         s = kernel.spec
         xs = []
         for a in args:
-            t = a if isinstance(a, torch.Tensor) else torch.tensor(a, dtype=dtype)
+            t = a if isinstance(a, torch.Tensor) else torch.tensor(a, dtype=dtype, device=device)
             xs.append(t.detach().to(dtype).expand(shape))
-        outs = [torch.empty(shape, dtype=dtype) for _ in range(s.outputs)]
+        outs = [torch.empty(shape, dtype=dtype, device=device) for _ in range(s.outputs)]
         kk = max(s.k, 1)
         wanted = [i for i, n in enumerate(s.inputs) if n in s.differentiable and
                   isinstance(args[i], torch.Tensor) and args[i].requires_grad]
         wanted_k = {s.differentiable.index(s.inputs[i]) for i in wanted}
-        parts = [torch.empty(shape, dtype=dtype) if (j in wanted_k and s.k > 0) else None
+        parts = [torch.empty(shape, dtype=dtype, device=device) if (j in wanted_k and s.k > 0) else None
                  for _ in range(s.outputs) for j in range(kk)]
-        kernel.run(list(shape), [x.data_ptr() for x in xs], [list(x.stride()) for x in xs],
-                   [o.data_ptr() for o in outs], [p.data_ptr() if p is not None else 0 for p in parts])
+        launch = (list(shape), [x.data_ptr() for x in xs], [list(x.stride()) for x in xs],
+                  [o.data_ptr() for o in outs], [p.data_ptr() if p is not None else 0 for p in parts])
+        if device.type == "cuda":
+            kernel.run(torch.cuda.current_stream(device).cuda_stream, *launch)
+        else:
+            kernel.run(*launch)
         ctx.spec = s
         ctx.input_shapes = [tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in args]
         ctx.input_dtypes = [a.dtype if isinstance(a, torch.Tensor) else None for a in args]
@@ -123,4 +133,4 @@ class _Function(torch.autograd.Function):
                 g = term if g is None else g + term
             if g is not None:
                 grads[i] = g.sum_to_size(ctx.input_shapes[i]).to(ctx.input_dtypes[i])
-        return (None, None, None) + tuple(grads)
+        return (None, None, None, None) + tuple(grads)

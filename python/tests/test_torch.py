@@ -112,13 +112,59 @@ def test_bad_shapes_and_arguments_are_clear_errors():
     assert f(torch.ones(2), torch.ones(2)).tolist() == [2.0, 2.0]  # still works afterwards
 
 
-def test_cuda_tensors_are_refused_until_the_cuda_path_exists():
+def needs_cuda():
     if not torch.cuda.is_available():
-        return
-    f = elementwise("return x;", inputs="x", differentiable="x")
+        from skip import Skip
+        raise Skip("no CUDA device")
+
+
+def test_gpu_equals_cpu_values_and_gradients():
+    needs_cuda()
+    cell = elementwise(CELL_SRC, inputs="z zb c f i g", differentiable="c f i g")
+    for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 2e-6)):
+        for shapes in SHAPES:
+            a = inputs(shapes, dtype, seed=4)
+            b = [t.detach().cuda().requires_grad_(t.requires_grad) for t in a]
+            ya, yb = cell(*a), cell(*b)
+            torch.testing.assert_close(yb.cpu(), ya, rtol=tol, atol=tol)
+            w = torch.randn(ya.shape, dtype=dtype)
+            (ya * w).sum().backward()
+            (yb * w.cuda()).sum().backward()
+            for x, y in zip(a, b):
+                if x.requires_grad:
+                    torch.testing.assert_close(y.grad.cpu(), x.grad, rtol=tol, atol=tol)
+
+
+def test_gradcheck_on_the_gpu_in_float64():
+    needs_cuda()
+    cell = elementwise(CELL_SRC, inputs="z zb c f i g", differentiable="c f i g")
+    args = [t.detach().cuda().requires_grad_(t.requires_grad) for t in inputs(SHAPES[1], torch.float64, seed=5)]
+    assert torch.autograd.gradcheck(lambda *a: cell(*a), args, eps=1e-6, atol=1e-7)
+
+
+def test_large_odd_sizes_on_the_gpu_and_a_side_stream():
+    needs_cuda()
+    f = elementwise("if (x > 0) return x * y; return y - x;", inputs="x y", differentiable="x y")
+    x = torch.randn(1237, 4099, device="cuda", requires_grad=True)
+    y = torch.randn(4099, device="cuda", requires_grad=True)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # the kernel must run on PyTorch's current stream, this one
+        out = f(x, y)
+        out.sum().backward()
+    torch.cuda.current_stream().wait_stream(s)
+    want = torch.where(x > 0, x * y, y - x)
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(x.grad, torch.where(x > 0, y.expand_as(x), -torch.ones_like(x)))
+    torch.testing.assert_close(y.grad, torch.where(x > 0, x, torch.ones_like(x)).sum(0), rtol=1e-5, atol=1e-3)
+
+
+def test_a_tensor_on_another_device_is_refused():
+    needs_cuda()
+    f = elementwise("return x + y;", inputs="x y", differentiable="x")
     try:
-        f(torch.zeros(2, device="cuda"))
-    except NotImplementedError as e:
-        assert "only the CPU path" in str(e)
+        f(torch.zeros(2, device="cuda"), torch.zeros(2))
+    except ValueError as e:
+        assert "input y is on cpu, input x on cuda:0" in str(e), str(e)
     else:
-        raise AssertionError("a CUDA tensor was accepted")
+        raise AssertionError("mixed devices were accepted")
