@@ -1,7 +1,8 @@
 """dualcast from Python: broadcast functions written as C++ source text, compiled at run time into
 fused forward-mode kernels (values and partials) over dual numbers.
 
-    from dualcast import jit        # the run-time compiler (needs a C++ compiler, no PyTorch)
+    from dualcast.torch import elementwise   # the PyTorch front end (needs torch)
+    from dualcast import jit                 # the run-time compiler underneath (no PyTorch needed)
 
 What works and what does not yet: python/README.md.
 """

@@ -1,0 +1,170 @@
+"""dualcast.torch.elementwise against PyTorch: gradcheck in float64, fused equal to the same function
+composed from torch ops (values and gradients), broadcasting, numbers as inputs, several outputs,
+and clear errors. Skips itself where PyTorch is not installed."""
+
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, HERE)
+
+from skip import skip_module  # noqa: E402
+
+try:
+    import torch
+except ImportError:
+    skip_module("PyTorch is not installed (python3 -c 'import torch' fails)")
+
+from dualcast.torch import elementwise  # noqa: E402
+
+F32_RTOL, F32_ATOL = 1e-5, 1e-6  # the fused float32 kernel against torch's composed float32 ops
+
+CELL_SRC = """
+    if (z == 1) return sigmoid(i) * tanh(g);
+    if (zb == 0) return c;
+    return sigmoid(f) * c + sigmoid(i) * tanh(g);
+"""
+
+
+def cell_composed(z, zb, c, f, i, g):
+    upd = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+    return torch.where(z == 1, torch.sigmoid(i) * torch.tanh(g), torch.where(zb == 0, c + 0 * upd, upd))
+
+
+def inputs(shapes, dtype, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for name, sh in zip("z zb c f i g".split(), shapes):
+        if name in ("z", "zb"):
+            out.append((torch.rand(sh, generator=gen) < 0.5).to(dtype))
+        else:
+            out.append((torch.rand(sh, generator=gen, dtype=dtype) * 4 - 2).requires_grad_())
+    return out
+
+
+SHAPES = [
+    [(4, 7)] * 6,
+    [(4, 1), (4, 1), (4, 7), (1, 7), (7,), (4, 7)],
+    [(), (), (3, 1, 5), (5,), (1, 5), (3, 1, 1)],
+]
+
+
+def test_gradcheck_in_float64_on_every_broadcast_pattern():
+    cell = elementwise(CELL_SRC, inputs="z zb c f i g", differentiable="c f i g")
+    for shapes in SHAPES:
+        args = inputs(shapes, torch.float64, seed=1)
+        assert torch.autograd.gradcheck(lambda *a: cell(*a), args, eps=1e-6, atol=1e-7), shapes
+
+
+def test_fused_equals_composed_in_float32_values_and_gradients():
+    cell = elementwise(CELL_SRC, inputs="z zb c f i g", differentiable="c f i g")
+    for shapes in SHAPES:
+        a = inputs(shapes, torch.float32, seed=2)
+        b = [t.detach().clone().requires_grad_(t.requires_grad) for t in a]
+        fused, composed = cell(*a), cell_composed(*b)
+        torch.testing.assert_close(fused, composed, rtol=F32_RTOL, atol=F32_ATOL)
+        w = torch.randn(fused.shape)
+        (fused * w).sum().backward()
+        (composed * w).sum().backward()
+        for x, y in zip(a, b):
+            if x.requires_grad:
+                torch.testing.assert_close(x.grad, y.grad, rtol=F32_RTOL, atol=F32_ATOL)
+
+
+def test_numbers_and_inputs_without_gradients():
+    f = elementwise("return a * b + c;", inputs="a b c", differentiable="a b")
+    a = torch.tensor([1.0, 2.0], requires_grad=True)
+    out = f(a, 3.0, torch.tensor([0.5, 0.25]))  # b a number; c not differentiated
+    assert out.tolist() == [3.5, 6.25]
+    out.sum().backward()
+    assert a.grad.tolist() == [3.0, 3.0]
+
+
+def test_several_outputs():
+    f = elementwise("return {x * y, x - y};", inputs="x y", differentiable="x y", outputs=2)
+    x = torch.tensor([2.0, -1.0], dtype=torch.float64, requires_grad=True)
+    y = torch.tensor([[3.0], [5.0]], dtype=torch.float64, requires_grad=True)
+    p, q = f(x, y)
+    assert p.shape == (2, 2) and q.shape == (2, 2)
+    (p.sum() + 2 * q.sum()).backward()
+    assert x.grad.tolist() == [3.0 + 5.0 + 4.0, 3.0 + 5.0 + 4.0]
+    assert y.grad.tolist() == [[2.0 - 1.0 - 4.0], [2.0 - 1.0 - 4.0]]
+
+
+def test_bad_shapes_and_arguments_are_clear_errors():
+    f = elementwise("return x + y;", inputs="x y", differentiable="x")
+    cases = [
+        (lambda: f(torch.zeros(3), torch.zeros(4)), ValueError, "do not broadcast: x [3], y [4]"),
+        (lambda: f(torch.zeros(3)), TypeError, "takes 2 inputs (x y), got 1"),
+        (lambda: f(1.0, 2.0), TypeError, "at least one input must be a tensor"),
+        (lambda: f(torch.zeros(3), "y"), TypeError, "input y is a str"),
+        (lambda: f(torch.zeros(3, dtype=torch.float16), torch.zeros(3, dtype=torch.float16)), TypeError,
+         "dtype torch.float16 is not supported yet"),
+    ]
+    for call, kind, want in cases:
+        try:
+            call()
+        except kind as e:
+            assert want in str(e), (want, str(e))
+        else:
+            raise AssertionError("no error: " + want)
+    assert f(torch.ones(2), torch.ones(2)).tolist() == [2.0, 2.0]  # still works afterwards
+
+
+def needs_cuda():
+    if not torch.cuda.is_available():
+        from skip import Skip
+        raise Skip("no CUDA device")
+
+
+def test_gpu_equals_cpu_values_and_gradients():
+    needs_cuda()
+    cell = elementwise(CELL_SRC, inputs="z zb c f i g", differentiable="c f i g")
+    for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 2e-6)):
+        for shapes in SHAPES:
+            a = inputs(shapes, dtype, seed=4)
+            b = [t.detach().cuda().requires_grad_(t.requires_grad) for t in a]
+            ya, yb = cell(*a), cell(*b)
+            torch.testing.assert_close(yb.cpu(), ya, rtol=tol, atol=tol)
+            w = torch.randn(ya.shape, dtype=dtype)
+            (ya * w).sum().backward()
+            (yb * w.cuda()).sum().backward()
+            for x, y in zip(a, b):
+                if x.requires_grad:
+                    torch.testing.assert_close(y.grad.cpu(), x.grad, rtol=tol, atol=tol)
+
+
+def test_gradcheck_on_the_gpu_in_float64():
+    needs_cuda()
+    cell = elementwise(CELL_SRC, inputs="z zb c f i g", differentiable="c f i g")
+    args = [t.detach().cuda().requires_grad_(t.requires_grad) for t in inputs(SHAPES[1], torch.float64, seed=5)]
+    assert torch.autograd.gradcheck(lambda *a: cell(*a), args, eps=1e-6, atol=1e-7)
+
+
+def test_large_odd_sizes_on_the_gpu_and_a_side_stream():
+    needs_cuda()
+    f = elementwise("if (x > 0) return x * y; return y - x;", inputs="x y", differentiable="x y")
+    x = torch.randn(1237, 4099, device="cuda", requires_grad=True)
+    y = torch.randn(4099, device="cuda", requires_grad=True)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # the kernel must run on PyTorch's current stream, this one
+        out = f(x, y)
+        out.sum().backward()
+    torch.cuda.current_stream().wait_stream(s)
+    want = torch.where(x > 0, x * y, y - x)
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(x.grad, torch.where(x > 0, y.expand_as(x), -torch.ones_like(x)))
+    torch.testing.assert_close(y.grad, torch.where(x > 0, x, torch.ones_like(x)).sum(0), rtol=1e-5, atol=1e-3)
+
+
+def test_a_tensor_on_another_device_is_refused():
+    needs_cuda()
+    f = elementwise("return x + y;", inputs="x y", differentiable="x")
+    try:
+        f(torch.zeros(2, device="cuda"), torch.zeros(2))
+    except ValueError as e:
+        assert "input y is on cpu, input x on cuda:0" in str(e), str(e)
+    else:
+        raise AssertionError("mixed devices were accepted")
