@@ -35,7 +35,7 @@ MAX_DIMS = 8  # dimensions of a broadcast shape (as the C++ library's tensors)
 DTYPES = {"float32": "float", "float64": "double"}
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _RESERVED = {"T", "D", "K", "M", "NIN", "MAXDIM", "Out", "Outs", "Ret", "dualcast", "std"}
-HEADERS = ("config.hpp", "dual.hpp", "math.hpp")
+HEADERS = ("config.hpp", "dual.hpp", "math.hpp", "vector_math.hpp")  # what a kernel includes (setup.py copies them)
 
 # Source names in the compiler's messages: the user's body is file "<elementwise>", from line 1.
 BODY_FILE = "<elementwise>"
@@ -303,13 +303,15 @@ stats = {"compiled": 0, "loaded_from_disk": 0, "from_memory": 0}
 
 
 def include_dir():
-    """The folder holding dualcast/dual.hpp: $DUALCAST_INCLUDE_DIR, else the checkout's include/."""
-    d = os.environ.get("DUALCAST_INCLUDE_DIR") or os.path.join(
-        os.path.dirname(os.path.abspath(__file__)), "..", "..", "include")
-    d = os.path.normpath(d)
-    if not os.path.isfile(os.path.join(d, "dualcast", "dual.hpp")):
-        raise RuntimeError("dualcast.jit: no dualcast/dual.hpp under %s (set DUALCAST_INCLUDE_DIR)" % d)
-    return d
+    """The folder holding dualcast/dual.hpp: $DUALCAST_INCLUDE_DIR, else the installed package's copy
+    (setup.py), else the checkout's include/ (running from the checkout, or an editable install)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for d in (os.environ.get("DUALCAST_INCLUDE_DIR"), os.path.join(here, "include"),
+              os.path.join(here, "..", "..", "include")):
+        if d and os.path.isfile(os.path.join(d, "dualcast", "dual.hpp")):
+            return os.path.normpath(d)
+    raise RuntimeError("dualcast.jit: dualcast/dual.hpp is neither in the package nor in a checkout "
+                       "(set DUALCAST_INCLUDE_DIR to the folder that holds dualcast/dual.hpp)")
 
 
 def cache_dir():
