@@ -388,9 +388,10 @@ def compiler_command():
     # -fno-trapping-math lets GCC if-convert the body's branches across lanes and -ffp-contract=off
     # keeps a*b+c two roundings (the C++ library's CPU tiles use the same two flags; values, inf, NaN
     # and signed zeros are unaffected); DUALCAST_CPU_SIMD declares libmvec's vector math.
-    return cxx + ["-std=c++20", "-O3", "-march=native", "-mprefer-vector-width=512", "-fno-trapping-math",
-                  "-ffp-contract=off", "-DDUALCAST_CPU_SIMD=1", "-fPIC", "-shared", "-fopenmp",
-                  "-Werror=return-type"]
+    x86 = ["-mprefer-vector-width=512"] if platform.machine() in ("x86_64", "AMD64") else []
+    return cxx + ["-std=c++20", "-O3", "-march=native"] + x86 + [
+        "-fno-trapping-math", "-ffp-contract=off", "-DDUALCAST_CPU_SIMD=1", "-fPIC", "-shared", "-fopenmp",
+        "-Werror=return-type"]
 
 
 _facts = {}
