@@ -35,7 +35,7 @@ MAX_DIMS = 8  # dimensions of a broadcast shape (as the C++ library's tensors)
 DTYPES = {"float32": "float", "float64": "double"}
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _RESERVED = {"T", "D", "K", "M", "NIN", "MAXDIM", "Out", "Outs", "Ret", "dualcast", "std"}
-HEADERS = ("config.hpp", "dual.hpp", "math.hpp")
+HEADERS = ("config.hpp", "dual.hpp", "math.hpp", "vector_math.hpp")  # what a kernel includes (setup.py copies them)
 
 # Source names in the compiler's messages: the user's body is file "<elementwise>", from line 1.
 BODY_FILE = "<elementwise>"
@@ -87,6 +87,7 @@ class Spec:
             args=", ".join("x%d" % i for i in range(len(self.inputs))), body_file=BODY_FILE, body=self.body)
         kernel = {"cpu": _CPU_KERNEL, "cuda": _CUDA_KERNEL}[target]
         fields["loads"] = "\n".join(_load_line(i, n, self.differentiable, target) for i, n in enumerate(self.inputs))
+        fields["tile_loads"] = "\n".join(_load_line(i, n, self.differentiable, "tile") for i, n in enumerate(self.inputs))
         return (_PRELUDE + kernel).format(**fields)
 
 
@@ -106,8 +107,10 @@ def _names(text, what, who):
 
 
 def _load_line(i, name, differentiable, target):
-    src = "a->in[%d]" % i if target == "cpu" else "a.in[%d]" % i
-    load = "static_cast<const T*>(%s)[o[%d]]" % (src, i)
+    if target == "tile":  # a lane of the gathered rows
+        load = "xs[%d][e]" % i
+    else:
+        load = "static_cast<const T*>(%s)[o[%d]]" % ("a->in[%d]" % i if target == "cpu" else "a.in[%d]" % i, i)
     if name in differentiable:
         return "      const D x%d = D::variable(%s, %d);" % (i, load, differentiable.index(name))
     return "      const T x%d = %s;" % (i, load)
@@ -130,11 +133,21 @@ constexpr int NIN = {NIN};
 constexpr int MAXDIM = {MAXDIM};
 using D = dualcast::Dual<T, K>;
 
+// Field by field, never as a block copy: GCC keeps such a dual in registers across the lanes of a
+// CPU tile, where a struct copy is a memory reference that stops it vectorising (dual.hpp's rule).
 struct Out {{
   D v;
-  DUALCAST_HD Out(const D& d) : v(d) {{}}
+  DUALCAST_HD DUALCAST_INLINE Out(const D& d) {{
+    v.val = d.val;
+DUALCAST_UNROLL
+    for (int k = 0; k < K; ++k) v.d[k] = d.d[k];
+  }}
   template <class A, std::enable_if_t<std::is_arithmetic_v<A>, int> = 0>
-  DUALCAST_HD Out(A a) : v(D::constant(static_cast<T>(a))) {{}}
+  DUALCAST_HD DUALCAST_INLINE Out(A a) {{
+    v.val = static_cast<T>(a);
+DUALCAST_UNROLL
+    for (int k = 0; k < K; ++k) v.d[k] = T(0);
+  }}
 }};
 struct Outs {{
   Out v[M];
@@ -145,7 +158,7 @@ DUALCAST_HD inline const Out& out_at(const Outs& r, int m) {{ return r.v[m]; }}
 
 using namespace dualcast;
 
-DUALCAST_HD Ret user_body({params}) {{
+DUALCAST_HD DUALCAST_INLINE Ret user_body({params}) {{
 #line 1 "{body_file}"
 {body}
 }}
@@ -153,8 +166,12 @@ DUALCAST_HD Ret user_body({params}) {{
 }}  // namespace
 """
 
-# CPU: rows (all dimensions but the last) in parallel, each row's elements in order, every input read
-# through its own strides (0 where it is broadcast). Outputs and partials are contiguous.
+# CPU: rows (all dimensions but the last) in parallel; each row in tiles of W consecutive elements
+# whose arguments are first gathered into rows of W lanes (each input through its own stride, 0 where
+# it is broadcast), then evaluated in one loop over the lanes that GCC vectorises (libmvec's vector
+# exp, tanh, ... through vector_math.hpp; the user's if/else if-converted: -fno-trapping-math), then
+# stored as whole rows; a row's last partial tile element by element. The C++ library's CPU tiles
+# (kernels/broadcast_cpu.cuh) work the same way. Outputs and partials are contiguous.
 _CPU_KERNEL = r"""
 namespace {{
 struct Args {{
@@ -166,6 +183,44 @@ struct Args {{
   void* const* partials;            // M x K, contiguous; null: not wanted
   std::int64_t threads;
 }};
+
+#if defined(__AVX512F__)
+constexpr int W = 128 / static_cast<int>(sizeof(T));  // two vectors of lanes
+#else
+constexpr int W = 64 / static_cast<int>(sizeof(T));
+#endif
+
+// W elements from e0 (the row's inputs at offsets o, advancing by step per element).
+__attribute__((noinline)) void tile(const Args* a, const std::int64_t* o, const std::int64_t* step, std::int64_t e0) {{
+  T xs[NIN][W];
+  for (int k = 0; k < NIN; ++k) {{
+    const T* p = static_cast<const T*>(a->in[k]) + o[k];
+    if (step[k] == 1)
+      for (int e = 0; e < W; ++e) xs[k][e] = p[e];
+    else
+      for (int e = 0; e < W; ++e) xs[k][e] = p[e * step[k]];
+  }}
+  // Without this barrier GCC forwards the gathered values into the lane loop's first iterations and
+  // then refuses to vectorise it.
+  asm volatile("" : : "r"(&xs[0][0]) : "memory");
+  T r[M][1 + K][W];
+  for (int e = 0; e < W; ++e) {{
+{tile_loads}
+    const Ret res = user_body({args});
+    for (int m = 0; m < M; ++m) {{
+      const D& v = out_at(res, m).v;
+      r[m][0][e] = v.val;
+      for (int j = 0; j < K; ++j) r[m][1 + j][e] = v.d[j];
+    }}
+  }}
+  for (int m = 0; m < M; ++m) {{
+    T* out = static_cast<T*>(a->out[m]) + e0;
+    for (int e = 0; e < W; ++e) out[e] = r[m][0][e];
+    for (int j = 0; j < K; ++j)
+      if (T* q = static_cast<T*>(a->partials[m * K + j]))
+        for (int e = 0; e < W; ++e) q[e0 + e] = r[m][1 + j][e];
+  }}
+}}
 }}  // namespace
 
 extern "C" int dualcast_jit_abi() {{ return {ABI}; }}
@@ -186,7 +241,12 @@ extern "C" int dualcast_jit_run(const Args* a) {{
       for (int k = 0; k < NIN; ++k) o[k] += i * a->in_strides[k * nd + d];
     }}
     for (int k = 0; k < NIN; ++k) step[k] = nd > 0 ? a->in_strides[k * nd + nd - 1] : 0;
-    for (std::int64_t c = 0; c < cols; ++c) {{
+    std::int64_t c = 0;
+    for (; c + W <= cols; c += W) {{
+      tile(a, o, step, r * cols + c);
+      for (int k = 0; k < NIN; ++k) o[k] += W * step[k];
+    }}
+    for (; c < cols; ++c) {{
 {loads}
       const Ret res = user_body({args});
       const std::int64_t e = r * cols + c;
@@ -303,13 +363,15 @@ stats = {"compiled": 0, "loaded_from_disk": 0, "from_memory": 0}
 
 
 def include_dir():
-    """The folder holding dualcast/dual.hpp: $DUALCAST_INCLUDE_DIR, else the checkout's include/."""
-    d = os.environ.get("DUALCAST_INCLUDE_DIR") or os.path.join(
-        os.path.dirname(os.path.abspath(__file__)), "..", "..", "include")
-    d = os.path.normpath(d)
-    if not os.path.isfile(os.path.join(d, "dualcast", "dual.hpp")):
-        raise RuntimeError("dualcast.jit: no dualcast/dual.hpp under %s (set DUALCAST_INCLUDE_DIR)" % d)
-    return d
+    """The folder holding dualcast/dual.hpp: $DUALCAST_INCLUDE_DIR, else the installed package's copy
+    (setup.py), else the checkout's include/ (running from the checkout, or an editable install)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for d in (os.environ.get("DUALCAST_INCLUDE_DIR"), os.path.join(here, "include"),
+              os.path.join(here, "..", "..", "include")):
+        if d and os.path.isfile(os.path.join(d, "dualcast", "dual.hpp")):
+            return os.path.normpath(d)
+    raise RuntimeError("dualcast.jit: dualcast/dual.hpp is neither in the package nor in a checkout "
+                       "(set DUALCAST_INCLUDE_DIR to the folder that holds dualcast/dual.hpp)")
 
 
 def cache_dir():
@@ -323,8 +385,13 @@ def cache_dir():
 def compiler_command():
     """The host compiler and the flags every kernel is built with."""
     cxx = shlex.split(os.environ.get("CXX") or "c++")
-    return cxx + ["-std=c++20", "-O3", "-march=native", "-fPIC", "-shared", "-fopenmp",
-                  "-Werror=return-type"]
+    # -fno-trapping-math lets GCC if-convert the body's branches across lanes and -ffp-contract=off
+    # keeps a*b+c two roundings (the C++ library's CPU tiles use the same two flags; values, inf, NaN
+    # and signed zeros are unaffected); DUALCAST_CPU_SIMD declares libmvec's vector math.
+    x86 = ["-mprefer-vector-width=512"] if platform.machine() in ("x86_64", "AMD64") else []
+    return cxx + ["-std=c++20", "-O3", "-march=native"] + x86 + [
+        "-fno-trapping-math", "-ffp-contract=off", "-DDUALCAST_CPU_SIMD=1", "-fPIC", "-shared", "-fopenmp",
+        "-Werror=return-type"]
 
 
 _facts = {}
@@ -385,7 +452,7 @@ def _build(src, cmd, path):
         fh.write(src)
     tmp = cpp[:-4] + ".so"
     try:
-        r = subprocess.run(cmd + ["-I", include_dir(), cpp, "-o", tmp], capture_output=True, text=True,
+        r = subprocess.run(cmd + ["-I", include_dir(), cpp, "-o", tmp, "-lm"], capture_output=True, text=True,
                            timeout=300)
         if r.returncode != 0:
             raise CompileError(explain(r.stderr, src, cmd[0]))

@@ -98,12 +98,16 @@ def cell_inputs(rng, out_shape, shapes):
     return vals
 
 
-PATTERNS = {  # per input (z zb c f i g): its shape over an output of (3, 5)
-    "all full": [(3, 5)] * 6,
-    "flags per row, c full": [(3, 1), (3, 1), (3, 5), (3, 5), (3, 5), (3, 5)],
-    "gates per column": [(3, 5), (3, 5), (3, 5), (1, 5), (5,), (1, 5)],
-    "scalars": [(), (), (3, 5), (), (1, 1), ()],
-    "one of each": [(3, 1), (), (1, 5), (3, 5), (5,), (3, 1)],
+# Per input (z zb c f i g): its shape over an output of OUT. 37 columns: a float64 row is two
+# tiles of 16 lanes and 5 single elements, a float32 row one tile of 32 and 5 (on AVX-512; AVX2
+# tiles are half as wide), so both paths of the CPU kernel are checked.
+OUT = (3, 37)
+PATTERNS = {
+    "all full": [OUT] * 6,
+    "flags per row, c full": [(3, 1), (3, 1), OUT, OUT, OUT, OUT],
+    "gates per column": [OUT, OUT, OUT, (1, 37), (37,), (1, 37)],
+    "scalars": [(), (), OUT, (), (1, 1), ()],
+    "one of each": [(3, 1), (), (1, 37), OUT, (37,), (3, 1)],
 }
 
 
@@ -116,7 +120,7 @@ def close(a, b, rtol):
 def test_values_match_a_python_reference_on_every_broadcast_pattern():
     k = jit.compile_kernel(jit.Spec(CELL, "z zb c f i g", "c f i g"), "float64")
     rng = random.Random(1)
-    out_shape = (3, 5)
+    out_shape = OUT
     for pattern, shapes in PATTERNS.items():
         ins = cell_inputs(rng, out_shape, shapes)
         outs, _ = run(k, out_shape, ins)
@@ -128,7 +132,7 @@ def test_values_match_a_python_reference_on_every_broadcast_pattern():
 def test_partials_equal_central_differences_in_float64():
     k = jit.compile_kernel(jit.Spec(CELL, "z zb c f i g", "c f i g"), "float64")
     rng = random.Random(2)
-    out_shape = (3, 5)
+    out_shape = OUT
     for pattern, shapes in PATTERNS.items():
         ins = cell_inputs(rng, out_shape, shapes)
         _, parts = run(k, out_shape, ins)
@@ -146,8 +150,10 @@ def test_partials_equal_central_differences_in_float64():
 def test_a_data_dependent_branch_on_a_differentiated_input():
     body = "if (x > y) return x * x * y; return 0;"  # `return 0`: a constant, partials 0
     k = jit.compile_kernel(jit.Spec(body, "x y", "x y"), "float64")
-    xs, ys = [1.5, -0.5, 2.0, 0.25], [1.0, 0.5, -3.0, 0.75]
-    outs, parts = run(k, (4,), [((4,), xs), ((4,), ys)])
+    rng = random.Random(5)  # 101 elements: tiles (branches taken lane by lane) and single elements
+    xs = [1.5, -0.5, 2.0, 0.25] + [rng.uniform(-2, 2) for _ in range(97)]
+    ys = [1.0, 0.5, -3.0, 0.75] + [rng.uniform(-2, 2) for _ in range(97)]
+    outs, parts = run(k, (101,), [((101,), xs), ((101,), ys)])
     for e, (x, y) in enumerate(zip(xs, ys)):
         want = (x * x * y, 2 * x * y, x * x) if x > y else (0.0, 0.0, 0.0)
         assert (outs[0][e], parts[0][e], parts[1][e]) == want, (e, outs[0][e], parts[0][e], parts[1][e], want)
