@@ -66,7 +66,8 @@ Options:
   --peers                  run experiments/peers/peers.py (python3) on the same shapes and add its
                            numbers to the table (validated against --validate-dir, or OUT/validate)
   --peer-methods LIST      peers' methods, each run in its own python process in this order
-                           (default eager,jax,compile; numpy = CPU test double)
+                           (default eager,jax,compile; torch_dualcast = the cells as dualcast.torch
+                           kernels, issue 33; numpy = CPU test double)
   --peer-budget S          seconds the peers may take all together (default: no limit); a
                            measurement that would start later is recorded as skipped, so a run
                            under a hard wall-clock limit keeps what it measured
@@ -180,9 +181,10 @@ Options parse_args(int argc, char** argv) {
       o.peers = true;
     } else if (a == "--peer-methods") {
       o.peer_methods = value();
-      const std::set<std::string> known{"eager", "compile", "jax", "jax_remat", "numpy"};
+      const std::set<std::string> known{"eager", "compile", "torch_dualcast", "jax", "jax_remat", "numpy"};
       for (const auto& m : split_csv(o.peer_methods))
-        if (!known.count(m)) usage_error("--peer-methods: unknown method '" + m + "' (eager, compile, jax, jax_remat, numpy)");
+        if (!known.count(m))
+          usage_error("--peer-methods: unknown method '" + m + "' (eager, compile, torch_dualcast, jax, jax_remat, numpy)");
       if (split_csv(o.peer_methods).empty()) usage_error("--peer-methods: empty list");
     } else if (a == "--peer-budget") {
       const std::string v = value();

@@ -6,7 +6,7 @@ import reference as R
 import valdir as VD
 from hmlstm import PARAM_NAMES
 
-FRAMEWORK = {"eager": "torch", "compile": "torch", "jax": "jax", "jax_remat": "jax", "numpy": "numpy",
+FRAMEWORK = {"eager": "torch", "compile": "torch", "torch_dualcast": "torch", "jax": "jax", "jax_remat": "jax", "numpy": "numpy",
              "numpy_hand": "numpy"}
 REF_ROWS = 64                    # rows of each timing input checked against the numpy reference
 E_CHECK = {"H": 16, "B": 4, "T": 12}   # small model checked against the numpy reference

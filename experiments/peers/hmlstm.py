@@ -55,7 +55,7 @@ def cell_b(O, z, zb, c, h, f, i, o, g):
 # --------------------------------------------------------------------------------------------
 # Workload e: 3-layer HM-LSTM character model.
 # --------------------------------------------------------------------------------------------
-def hm_pointwise(O, zflag, zbflag, c, h, s, a, soft=False):
+def hm_pointwise(O, zflag, zbflag, c, h, s, a, soft=False, cell=None):
     """Everything elementwise in one layer/time step.
 
     zflag = z^l_{t-1}, zbflag = zb_l (plain 0/1 values, no gradient); c, h = c^l_{t-1}, h^l_{t-1};
@@ -64,6 +64,8 @@ def hm_pointwise(O, zflag, zbflag, c, h, s, a, soft=False):
     soft=True (tests only): z = z~ (the hard sigmoid itself) instead of the step; the flags the
     caller derives from z are unchanged in value (step(z~)); it makes the loss differentiable so
     that finite differences can check the backward code path.
+    cell: the cell update (zflag, zbflag, c, h, f, i, o, g) -> (c', h'); default cell_b on O (the
+    torch_dualcast peer passes dualcast's fused kernel).
     """
     H = c.shape[1]
     f = s[:, 0:H]
@@ -71,7 +73,10 @@ def hm_pointwise(O, zflag, zbflag, c, h, s, a, soft=False):
     o = s[:, 2 * H:3 * H]
     g = s[:, 3 * H:4 * H]
     sz = s[:, 4 * H:4 * H + 1]
-    c_new, h_new = cell_b(O, zflag, zbflag, c, h, f, i, o, g)
+    if cell is None:
+        c_new, h_new = cell_b(O, zflag, zbflag, c, h, f, i, o, g)
+    else:
+        c_new, h_new = cell(zflag, zbflag, c, h, f, i, o, g)
     u = (a * sz + 1.0) * 0.5
     zt = O.fmask((u > 0) & (u < 1), u) * u + O.fmask(u >= 1, u)   # clamp(u, 0, 1), grad on interior
     if soft:

@@ -1,5 +1,7 @@
-"""PyTorch peers: 'eager' (autograd) and 'compile' (torch.compile of the forward; AOTAutograd
-compiles the backward).  Imported lazily by peers.py; importing this module imports torch.
+"""PyTorch peers: 'eager' (autograd), 'compile' (torch.compile of the forward; AOTAutograd
+compiles the backward) and 'torch_dualcast' (the cells as dualcast.torch.elementwise kernels:
+dualcast from PyTorch, issue 33; the model's matmuls, embedding and loss stay PyTorch's). Imported
+lazily by peers.py; importing this module imports torch.
 
 Interface used by peers.py (same as peer_jax.py):
   Backend(method, opts)                .skip_reason (None when usable), .describe()
@@ -107,10 +109,40 @@ def _cell_b(z, zb, c, h, f, i, o, g):
     return hmlstm.cell_b(TorchOps, z, zb, c, h, f, i, o, g)
 
 
-def _make_pointwise(a):
+def _make_pointwise(a, cell=None):
     def pointwise(zflag, zbflag, c, h, s):
-        return hmlstm.hm_pointwise(TorchOps, zflag, zbflag, c, h, s, a)
+        return hmlstm.hm_pointwise(TorchOps, zflag, zbflag, c, h, s, a, cell=cell)
     return pointwise
+
+
+# The same two cells (hmlstm.cell_a, cell_b) as C++ bodies for dualcast.torch.elementwise: each one
+# fused kernel writing the outputs and their partials, the backward gradient x partial in PyTorch.
+DUALCAST_CELL_A = """
+    if (z == 1) return sigmoid(i) * tanh(g);
+    if (zb == 0) return c;
+    return sigmoid(f) * c + sigmoid(i) * tanh(g);
+"""
+DUALCAST_CELL_B = """
+    if (z == 1) {
+      const D c1 = sigmoid(i) * tanh(g);
+      return {c1, sigmoid(o) * tanh(c1)};
+    }
+    if (zb == 0) return {c, h};
+    const D c1 = sigmoid(f) * c + sigmoid(i) * tanh(g);
+    return {c1, sigmoid(o) * tanh(c1)};
+"""
+
+
+def _dualcast_cells():
+    """(cell_a, cell_b) compiled by dualcast (the checkout's python/ package)."""
+    import os
+    import sys
+    root = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+    if os.path.join(root, "python") not in sys.path:
+        sys.path.insert(0, os.path.join(root, "python"))
+    from dualcast.torch import elementwise
+    return (elementwise(DUALCAST_CELL_A, inputs="z zb c f i g", differentiable="c f i g"),
+            elementwise(DUALCAST_CELL_B, inputs="z zb c h f i o g", differentiable="c h f i o g", outputs=2))
 
 
 def _raise_dynamo_limits():
@@ -188,7 +220,7 @@ class Backend:
     framework = "torch"
 
     def __init__(self, method, opts):
-        assert method in ("eager", "compile")
+        assert method in ("eager", "compile", "torch_dualcast")
         self.method = method
         self.opts = opts
         self.skip_reason = None
@@ -198,6 +230,12 @@ class Backend:
         self.device = torch.device("cuda" if self.cuda else "cpu")
         self.precision = opts.get("precision", "fp32")
         self.cell_dtype = CELL_DTYPES.get(self.precision)  # None: float32
+        self.dualcast_cells = None
+        if method == "torch_dualcast":
+            if self.cell_dtype is not None:
+                self.skip_reason = "skipped: dualcast.torch has no %s kernels yet" % self.precision
+            else:
+                self.dualcast_cells = _dualcast_cells()
         self.precision_note = set_precision(self.precision)
         if method == "compile":
             _raise_dynamo_limits()
@@ -211,6 +249,8 @@ class Backend:
         extra = ""
         if self.method == "compile":
             extra = ", torch.compile(%s)" % ", ".join("%s=%r" % kv for kv in self.compile_kwargs.items())
+        elif self.method == "torch_dualcast":
+            extra = ", cells as dualcast.torch.elementwise kernels"
         return "torch %s (cuda %s) on %s%s; %s" % (torch.__version__, torch.version.cuda, dev, extra,
                                                     self.precision_note)
 
@@ -257,8 +297,11 @@ class _CellSession:
             d = {n: be._t(hs[n], dtype=be.cell_dtype) for n in self.flags + self.adj}
             d.update({n: be._t(hs[n], grad=True, dtype=be.cell_dtype) for n in self.diff})
             self.sets.append(d)
-        fn = _cell_a if workload == "a" else _cell_b
-        self.fn = be._compile(fn) if be.method == "compile" else fn
+        if be.dualcast_cells is not None:
+            self.fn = be.dualcast_cells[0 if workload == "a" else 1]
+        else:
+            fn = _cell_a if workload == "a" else _cell_b
+            self.fn = be._compile(fn) if be.method == "compile" else fn
 
     def step(self, d):
         ins = [d[n] for n in self.flags + self.diff]
@@ -286,7 +329,7 @@ class _ModelSession:
         self.P = {k: be._t(P[k].astype(np.float32), grad=True) for k in PARAM_NAMES}
         self.plist = [self.P[k] for k in PARAM_NAMES]
         self.tok = [be._t(t.astype(np.int64)) for t in token_sets]
-        pw = _make_pointwise(a)
+        pw = _make_pointwise(a, cell=be.dualcast_cells[1] if be.dualcast_cells is not None else None)
         self.pointwise = be._compile(pw) if be.method == "compile" else pw
 
     def _loss(self, tokens):

@@ -33,7 +33,7 @@ from checks import (FRAMEWORK, check_cell_dir, check_cell_ref, check_model_dir, 
                     check_model_ref, load_backend)
 
 WORKLOADS = ("a", "b", "e")
-METHODS = ("eager", "compile", "jax", "jax_remat", "numpy", "numpy_hand")
+METHODS = ("eager", "compile", "torch_dualcast", "jax", "jax_remat", "numpy", "numpy_hand")
 DEFAULT_METHODS = ("eager", "compile", "jax")
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 PRECISION = "fp32"  # of this run (--precision): every record says it
@@ -116,7 +116,7 @@ def build_parser():
                    help="matrix sizes for workloads a and b: each input is dims x dims "
                         "(default: 512,1024,2048,4096,8192; with --quick: 256,512)")
     p.add_argument("--methods", type=_csv("method", METHODS), default=None,
-                   help="comma-separated subset of eager,compile,jax,jax_remat,numpy "
+                   help="comma-separated subset of eager,compile,torch_dualcast,jax,jax_remat,numpy "
                         "(default: eager,compile,jax)")
     p.add_argument("--reps", type=_pos_int, default=None,
                    help="timed repetitions per measurement (default 50; with --quick 10)")
