@@ -22,18 +22,13 @@
 #include "dualcast/broadcast.hpp"
 #include "dualcast/gradcheck.hpp"
 #include "dualcast/ops/elementwise.hpp"
+#include "hmlstm_update.hpp"
 
 using namespace dualcast;
 
 namespace {
 
-struct HmlstmUpdate {
-  DUALCAST_HD auto operator()(auto z, auto zb, auto c, auto f, auto i, auto g) const {
-    if (z == 1) return sigmoid(i) * tanh(g);       // FLUSH
-    if (zb == 0) return c;                         // COPY
-    return sigmoid(f) * c + sigmoid(i) * tanh(g);  // UPDATE
-  }
-};
+using dualcast::testing::HmlstmUpdate;
 
 struct HmlstmCell {
   DUALCAST_HD auto operator()(auto z, auto zb, auto c, auto h, auto f, auto i, auto o, auto g) const {

@@ -9,20 +9,14 @@
 #include "dualcast/broadcast.hpp"
 #include "dualcast/gradcheck.hpp"
 #include "dualcast/ops/elementwise.hpp"
+#include "hmlstm_update.hpp"
 #include "test_util.hpp"
 
 using namespace dualcast;
 
 namespace {
 
-// The HM-LSTM cell update of Revels et al. 2018, as written by a user.
-struct HmlstmUpdate {
-  DUALCAST_HD auto operator()(auto z, auto zb, auto c, auto f, auto i, auto g) const {
-    if (z == 1) return sigmoid(i) * tanh(g);   // FLUSH
-    if (zb == 0) return c;                     // COPY
-    return sigmoid(f) * c + sigmoid(i) * tanh(g);  // UPDATE
-  }
-};
+using dualcast::testing::HmlstmUpdate;  // the HM-LSTM cell update of Revels et al. 2018, as a user writes it
 
 // The same function without data-dependent control flow: runs on Vars too (pure reverse mode).
 // nv_exec_check_disable: the Var instantiation calls host functions from a __host__ __device__
