@@ -73,7 +73,9 @@ def include_dirs():
 
 
 def options(arch):
-    return ["--gpu-architecture=sm_%d" % arch, "-std=c++20", "-default-device",
+    # --diag-error=940: a body that can end without a return is an error, as on the CPU
+    # (-Werror=return-type), not a warning and undefined behaviour.
+    return ["--gpu-architecture=sm_%d" % arch, "-std=c++20", "-default-device", "--diag-error=940",
             "-DNDEBUG"] + ["-I" + d for d in include_dirs()]
 
 
@@ -118,7 +120,8 @@ def _nvrtc_compile(src, opts):
         log = ctypes.create_string_buffer(n.value)
         lib.nvrtcGetProgramLog(prog, log)
         if rc != 0:
-            raise jit.CompileError(jit.explain(log.value.decode(errors="replace"), src, "NVRTC " + nvrtc_version()))
+            raise jit.CompileError(jit.explain(log.value.decode(errors="replace"), jit.body_of(src),
+                                               "NVRTC " + nvrtc_version()))
         lib.nvrtcGetCUBINSize(prog, ctypes.byref(n))
         out = ctypes.create_string_buffer(n.value)
         _nv_check(lib.nvrtcGetCUBIN(prog, out), "nvrtcGetCUBIN")
@@ -153,6 +156,12 @@ def _cu_check(rc, what):
         raise RuntimeError("dualcast.cuda: %s failed: %s (%d)" % (what, (s.value or b"?").decode(), rc))
 
 
+def _device(index):
+    d = ctypes.c_int()
+    _cu_check(driver().cuDeviceGet(ctypes.byref(d), index), "cuDeviceGet(%d)" % index)
+    return d.value
+
+
 def _attribute(device, attr):
     v = ctypes.c_int()
     _cu_check(driver().cuDeviceGetAttribute(ctypes.byref(v), attr, device), "cuDeviceGetAttribute")
@@ -163,17 +172,19 @@ def arch_of(device):
     return _attribute(device, 75) * 10 + _attribute(device, 76)  # compute capability major, minor
 
 
-def _make_current(device):
-    """The device's primary context current on this thread (PyTorch's, once PyTorch used the GPU)."""
-    cu = driver()
-    ctx = ctypes.c_void_p()
-    _cu_check(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), device), "cuDevicePrimaryCtxRetain")
-    cur = ctypes.c_void_p()
-    _cu_check(cu.cuCtxGetCurrent(ctypes.byref(cur)), "cuCtxGetCurrent")
-    if cur.value != ctx.value:
-        _cu_check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
-    cu.cuDevicePrimaryCtxRelease(device)  # the retain above only looked it up: PyTorch holds it
-    return ctx.value
+class _InContext:
+    """The kernel's context pushed for the duration of a driver call and popped after, so that the
+    caller's current context (PyTorch's current device) is left as it was."""
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+
+    def __enter__(self):
+        _cu_check(driver().cuCtxPushCurrent(ctypes.c_void_p(self.ctx)), "cuCtxPushCurrent")
+
+    def __exit__(self, *exc):
+        popped = ctypes.c_void_p()
+        driver().cuCtxPopCurrent(ctypes.byref(popped))
 
 
 class CudaKernel:
@@ -181,19 +192,25 @@ class CudaKernel:
 
     def __init__(self, spec, dtype, device):
         self.spec, self.dtype, self.device = spec, dtype, device
-        self._ctx = _make_current(device)
-        self.arch = arch_of(device)
-        self.sms = _attribute(device, 16)  # multiprocessor count
-        cubin = compile_cubin(spec, dtype, self.arch)
         cu = driver()
+        dev = _device(device)
+        # The device's primary context (PyTorch's), held for as long as this kernel's module lives
+        # in it: the module would dangle if the context were reset under it.
+        ctx = ctypes.c_void_p()
+        _cu_check(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+        self._ctx = ctx.value
+        self.arch = arch_of(dev)
+        self.sms = _attribute(dev, 16)  # multiprocessor count
+        cubin = compile_cubin(spec, dtype, self.arch)
         self._module = ctypes.c_void_p()
-        _cu_check(cu.cuModuleLoadData(ctypes.byref(self._module), ctypes.c_char_p(cubin)), "cuModuleLoadData")
         self._fn = {}
-        for bits in (32, 64):
-            f = ctypes.c_void_p()
-            _cu_check(cu.cuModuleGetFunction(ctypes.byref(f), self._module, b"dualcast_jit_kernel%d" % bits),
-                      "cuModuleGetFunction")
-            self._fn[bits] = f
+        with _InContext(self._ctx):
+            _cu_check(cu.cuModuleLoadData(ctypes.byref(self._module), ctypes.c_char_p(cubin)), "cuModuleLoadData")
+            for bits in (32, 64):
+                f = ctypes.c_void_p()
+                _cu_check(cu.cuModuleGetFunction(ctypes.byref(f), self._module, b"dualcast_jit_kernel%d" % bits),
+                          "cuModuleGetFunction")
+                self._fn[bits] = f
         k, m, nin = max(spec.k, 1), spec.outputs, len(spec.inputs)
 
         class Args(ctypes.Structure):  # jit._CUDA_KERNEL's Args, field for field
@@ -225,15 +242,12 @@ class CudaKernel:
             a.out[i] = p
         for i, p in enumerate(partials):
             a.partials[i] = p or None
-        cur = ctypes.c_void_p()
-        _cu_check(driver().cuCtxGetCurrent(ctypes.byref(cur)), "cuCtxGetCurrent")
-        if cur.value != self._ctx:  # another GPU's context is current on this thread
-            _cu_check(driver().cuCtxSetCurrent(ctypes.c_void_p(self._ctx)), "cuCtxSetCurrent")
         blocks = min((n + THREADS - 1) // THREADS, self.sms * 16)
-        params = (ctypes.c_void_p * 1)(ctypes.addressof(a))
+        params = (ctypes.c_void_p * 1)(ctypes.addressof(a))  # one parameter: the Args struct, by value
         fn = self._fn[32 if n < 2 ** 31 else 64]
-        _cu_check(driver().cuLaunchKernel(fn, blocks, 1, 1, THREADS, 1, 1, 0, ctypes.c_void_p(stream), params, None),
-                  "cuLaunchKernel of %d blocks" % blocks)
+        with _InContext(self._ctx):
+            _cu_check(driver().cuLaunchKernel(fn, blocks, 1, 1, THREADS, 1, 1, 0, ctypes.c_void_p(stream), params,
+                                              None), "cuLaunchKernel of %d blocks" % blocks)
 
 
 _kernels = {}

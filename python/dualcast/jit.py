@@ -34,7 +34,17 @@ MAX_DIFFERENTIATED = 16  # partials per dual number: the registers a GPU thread 
 MAX_DIMS = 8  # dimensions of a broadcast shape (as the C++ library's tensors)
 DTYPES = {"float32": "float", "float64": "double"}
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_RESERVED = {"T", "D", "K", "M", "NIN", "MAXDIM", "Out", "Outs", "Ret", "dualcast", "std"}
+# Names an input cannot take: the generated code's own, C++'s keywords and alternative tokens, and
+# the C library's macros a body could meet.
+_RESERVED = set("""T D K M NIN MAXDIM Out Outs Ret dualcast std user_body out_at Args tile run
+    alignas alignof and and_eq asm auto bitand bitor bool break case catch char char8_t char16_t char32_t
+    class compl concept const consteval constexpr constinit const_cast continue co_await co_return
+    co_yield decltype default delete do double dynamic_cast else enum explicit export extern false float
+    for friend goto if inline int long mutable namespace new noexcept not not_eq nullptr operator or
+    or_eq private protected public register reinterpret_cast requires return short signed sizeof static
+    static_assert static_cast struct switch template this thread_local throw true try typedef typeid
+    typename union unsigned using virtual void volatile wchar_t while xor xor_eq
+    errno NAN INFINITY HUGE_VAL EOF NULL assert""".split())
 HEADERS = ("config.hpp", "dual.hpp", "math.hpp", "vector_math.hpp")  # what a kernel includes (setup.py copies them)
 
 # Source names in the compiler's messages: the user's body is file "<elementwise>", from line 1.
@@ -455,7 +465,7 @@ def _build(src, cmd, path):
         r = subprocess.run(cmd + ["-I", include_dir(), cpp, "-o", tmp, "-lm"], capture_output=True, text=True,
                            timeout=300)
         if r.returncode != 0:
-            raise CompileError(explain(r.stderr, src, cmd[0]))
+            raise CompileError(explain(r.stderr, body_of(src), cmd[0]))
         os.replace(tmp, path)  # atomic: a process reading the cache sees a whole library or none
     finally:
         for f in (cpp, tmp):
@@ -463,9 +473,14 @@ def _build(src, cmd, path):
                 os.remove(f)
 
 
-def explain(stderr, src, compiler):
+def body_of(src):
+    """The user's body as it stands in a generated source (between its two #line directives)."""
+    return src.split('#line 1 "%s"\n' % BODY_FILE, 1)[1].split("\n}\n#line ", 1)[0]
+
+
+def explain(stderr, body_text, compiler):
     """The compiler's errors about the user's body, each followed by the body line it names."""
-    body = src.split('#line 1 "%s"\n' % BODY_FILE, 1)[1].split("\n")
+    body = body_text.split("\n")
     lines, shown = [], set()
     for line in stderr.splitlines():
         if "error" not in line and BODY_FILE not in line:

@@ -60,6 +60,15 @@ def test_an_nvrtc_error_names_the_users_line():
         raise AssertionError("an undefined function compiled under NVRTC")
 
 
+def test_a_body_without_a_return_on_some_path_is_an_error_under_nvrtc_too():
+    try:
+        cuda.compile_cubin(jit.Spec("if (x > 0) return x;", "x", "x"), "float32", ARCH)
+    except jit.CompileError as e:
+        assert "missing return statement" in str(e), str(e)
+    else:
+        raise AssertionError("NVRTC compiled a body that can end without a return")
+
+
 def test_the_generated_source_compiles_in_a_second_process_from_the_cache():
     spec_args = ("return x + 1;", "x", "x")
     cuda.compile_cubin(jit.Spec(*spec_args), "float64", ARCH)

@@ -223,6 +223,7 @@ def test_a_body_without_a_return_on_some_path_is_a_compile_error():
         jit.compile_kernel(jit.Spec("if (x > 0) return x;", "x", "x"), "float64")
     except jit.CompileError as e:
         assert "return" in str(e), str(e)
+        assert "of the body: }" not in str(e), str(e)  # never a line of the generated code as the user's
     else:
         raise AssertionError("a body that can fall off its end compiled")
 
@@ -233,6 +234,8 @@ def test_bad_names_are_refused_with_the_name():
         (("return x;", "x x", "x"), "names an input twice"),
         (("return x;", "x 2y", "x"), "'2y' is not a usable C++ name"),
         (("return x;", "x T", "x"), "'T' is not a usable C++ name"),
+        (("return x;", "x int", "x"), "'int' is not a usable C++ name"),
+        (("return x;", "errno x", "x"), "'errno' is not a usable C++ name"),
         (("return x;", "", ""), "inputs names no input"),
         (("  ", "x", "x"), "the body must be non-empty"),
         (("return x;", "x", "x", 0), "outputs must be an integer in [1, 16]"),
