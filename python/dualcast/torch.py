@@ -16,6 +16,8 @@ library's tape does). It is a torch.autograd.Function; float32 and float64. On a
 on PyTorch's current stream and never synchronises.
 """
 
+import functools
+
 import torch
 
 from . import cuda, jit
@@ -54,8 +56,9 @@ class Elementwise:
                 raise TypeError("%s: input %s is a %s, not a tensor or a number" % (who, name, type(a).__name__))
         if device.type not in ("cpu", "cuda"):
             raise NotImplementedError("%s: tensors on %s: dualcast runs on the CPU and CUDA GPUs" % (who, device))
-        # Type promotion as PyTorch's: tensors decide; a plain number does not promote.
-        dtype = torch.result_type(*[t for t in tensors]) if len(tensors) > 1 else tensors[0].dtype
+        dtype = _result_dtype(tensors)
+        if dtype.is_complex:
+            raise TypeError("%s: complex tensors (%s) are not supported" % (who, dtype))
         if dtype not in _DTYPES:
             if not dtype.is_floating_point:
                 dtype = torch.get_default_dtype()
@@ -71,12 +74,29 @@ class Elementwise:
             raise ValueError("%s: a %d-dimensional broadcast shape %s; at most %d" % (who, len(shape), list(shape),
                                                                                     jit.MAX_DIMS))
         if device.type == "cuda":
-            kernel = cuda.compile_kernel(s, _DTYPES[dtype], device.index if device.index is not None
-                                         else torch.cuda.current_device())
+            with torch.cuda.device(device):  # outputs, partials and the launch on the inputs' GPU
+                kernel = cuda.compile_kernel(s, _DTYPES[dtype], torch.cuda.current_device())
+                outs = _Function.apply(kernel, tuple(shape), dtype, device, *args)
         else:
             kernel = jit.compile_kernel(s, _DTYPES[dtype])
-        outs = _Function.apply(kernel, tuple(shape), dtype, device, *args)
+            outs = _Function.apply(kernel, tuple(shape), dtype, device, *args)
         return outs[0] if s.outputs == 1 else outs
+
+
+def _result_dtype(tensors):
+    """PyTorch's type promotion over any number of tensors (torch.result_type takes two): tensors
+    with dimensions decide; a 0-dim tensor counts only when it is of a higher category (a float
+    scalar tensor with integer tensors). A plain number never promotes (the caller leaves them out)."""
+    dims = [t.dtype for t in tensors if t.dim() > 0]
+    zero = [t.dtype for t in tensors if t.dim() == 0]
+    dtype = functools.reduce(torch.promote_types, dims or zero)
+    if dims and zero:
+        def category(d):
+            return 3 if d.is_complex else 2 if d.is_floating_point else 1 if d != torch.bool else 0
+        higher = [d for d in zero if category(d) > category(dtype)]
+        if higher:
+            dtype = functools.reduce(torch.promote_types, higher)
+    return dtype
 
 
 def elementwise(body, inputs, differentiable, outputs=1):

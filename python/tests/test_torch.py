@@ -81,6 +81,15 @@ def test_numbers_and_inputs_without_gradients():
     assert a.grad.tolist() == [3.0, 3.0]
 
 
+def test_type_promotion_over_many_tensors_follows_pytorch():
+    f = elementwise("return a + b + c;", inputs="a b c", differentiable="a")
+    x32, x64 = torch.ones(2), torch.ones(2, dtype=torch.float64)
+    assert f(x32, x32, x64).dtype == torch.float64
+    assert f(x32, x32, torch.tensor(1.0, dtype=torch.float64)).dtype == torch.float32  # 0-dim: same category
+    assert f(torch.ones(2, dtype=torch.int64), x32, 2.0).dtype == torch.float32
+    assert f(x32, 1, 2.5).dtype == torch.float32  # numbers never promote
+
+
 def test_several_outputs():
     f = elementwise("return {x * y, x - y};", inputs="x y", differentiable="x y", outputs=2)
     x = torch.tensor([2.0, -1.0], dtype=torch.float64, requires_grad=True)
@@ -101,6 +110,7 @@ def test_bad_shapes_and_arguments_are_clear_errors():
         (lambda: f(torch.zeros(3), "y"), TypeError, "input y is a str"),
         (lambda: f(torch.zeros(3, dtype=torch.float16), torch.zeros(3, dtype=torch.float16)), TypeError,
          "dtype torch.float16 is not supported yet"),
+        (lambda: f(torch.zeros(3, dtype=torch.complex64), torch.zeros(3)), TypeError, "complex tensors"),
     ]
     for call, kind, want in cases:
         try:
@@ -149,7 +159,14 @@ def test_large_odd_sizes_on_the_gpu_and_a_side_stream():
     y = torch.randn(4099, device="cuda", requires_grad=True)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
+    big = torch.randn(4096, 4096, device="cuda")
     with torch.cuda.stream(s):  # the kernel must run on PyTorch's current stream, this one
+        # Slow work on this stream first, writing y: a kernel queued on another stream would read y
+        # before it is written (PyTorch's side streams do not wait for the default stream).
+        for _ in range(20):
+            big = big @ big * 1e-3
+        with torch.no_grad():
+            y.mul_(1.0 + 0.0 * big[0, 0])
         out = f(x, y)
         out.sum().backward()
     torch.cuda.current_stream().wait_stream(s)
