@@ -206,9 +206,14 @@ void cuda_gemm_ex(Device device, cublasComputeType_t compute, bool ta, bool tb, 
 
 int cublas_handles_created() { return g_handles_created.load(); }
 
+#if !DUALCAST_WITH_CUDA
+std::int64_t matmul_autotune_searches() { return 0; }
+#endif
+
 void blas_prepare(Device device) {
 #if DUALCAST_WITH_CUDA
   if (device.is_cuda()) (void)cublas_handle(device);
+  if (device.is_cuda() && matmul_autotune()) lt_prepare(device);
 #else
   (void)device;
 #endif
@@ -266,6 +271,12 @@ void gemm(Device device, DType dtype, bool trans_a, bool trans_b, std::int64_t m
                                                     : CUBLAS_COMPUTE_32F_FAST_16BF,
                         trans_a, trans_b, m, n, k, alpha, pa, lda, stride_a, pb, ldb, stride_b, beta, pc,
                         ldc, stride_c, batch);
+        return;
+      }
+      if (matmul_autotune()) {
+        lt_sgemm(device, trans_a, trans_b, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
+                 static_cast<float>(alpha), pa, static_cast<int>(lda), stride_a, pb, static_cast<int>(ldb),
+                 stride_b, static_cast<float>(beta), pc, static_cast<int>(ldc), stride_c, static_cast<int>(batch));
         return;
       }
     }

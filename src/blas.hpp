@@ -38,4 +38,16 @@ int cublas_handles_created();
 /// calls it first: creating them during a capture would allocate). No-op on the CPU.
 void blas_prepare(Device device);
 
+#if DUALCAST_WITH_CUDA
+/// Row-major float32 GEMM (gemm's arguments, narrowed) through cuBLASLt with the fastest of its
+/// exact-float32 algorithms for the shape, searched once and cached (blas_lt.cpp; set_matmul_autotune).
+void lt_sgemm(Device device, bool ta, bool tb, int M, int N, int K, float alpha, const float* a, int lda,
+              std::int64_t sa, const float* b, int ldb, std::int64_t sb, float beta, float* c, int ldc,
+              std::int64_t sc, int batch);
+/// Creates the device's cuBLASLt handle and workspace (before a capture).
+void lt_prepare(Device device);
+#endif
+/// Shapes searched so far by the autotuned float32 path (for tests; 0 without CUDA).
+std::int64_t matmul_autotune_searches();
+
 }  // namespace dualcast::detail

@@ -3,6 +3,8 @@
 #include "dualcast/precision.hpp"
 
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 
 #include "dualcast/error.hpp"
 
@@ -10,6 +12,10 @@ namespace dualcast {
 
 namespace {
 std::atomic<int> g_precision{static_cast<int>(detail::Float32Precision::highest)};
+std::atomic<bool> g_autotune{[] {
+  const char* v = std::getenv("DUALCAST_MATMUL_AUTOTUNE");
+  return v != nullptr && std::strcmp(v, "1") == 0;
+}()};
 
 // Per thread, as torch.autocast's state: one thread's mixed-precision region must not change the
 // products another thread computes.
@@ -37,6 +43,9 @@ void set_float32_matmul_precision(const std::string& name) {
 }
 
 std::string get_float32_matmul_precision() { return precision_name(detail::float32_precision()); }
+
+void set_matmul_autotune(bool on) { g_autotune.store(on); }
+bool matmul_autotune() { return g_autotune.load(); }
 
 Autocast::Autocast(DType dtype, bool enabled)
     : prev_enabled_(t_autocast_enabled), prev_dtype_(t_autocast_dtype) {

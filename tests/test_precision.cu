@@ -1,15 +1,19 @@
 // test_precision.cu: products in reduced precision (precision.hpp). The float32 matmul precision
-// setting (names, errors, "highest" unchanged, "high" within TF32 error on a GPU), 16-bit matmul
+// setting (names, errors, "highest" unchanged, "high" within TF32 error on a GPU), the autotuned
+// float32 products (equal to the default within float32 rounding, each shape searched once, captured
+// steps bit-identical to eager ones, the CPU unaffected), 16-bit matmul
 // values and gradients against float64 products of the same rounded inputs, Autocast (result dtype,
 // float32 parameter gradients, nesting, per-thread state) for matmul and conv2d, 16-bit conv2d and
 // attention.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "dualcast/dualcast.hpp"
+#include "../src/blas.hpp"  // detail::matmul_autotune_searches
 #include "matmul_reference.hpp"
 #include "test_util.hpp"
 
@@ -29,12 +33,22 @@ double grad_tol(DType t) { return t == DType::bfloat16 ? 0x1p-6 : 0x1p-9; }
 constexpr double kTf32Tol = 4e-3;
 /// float32 with bfloat16 products ("medium"): inputs rounded to 8 significant bits.
 constexpr double kBf16ProductTol = 3e-2;
+/// Autotuned float32 products (other algorithms, split-K: the same exact products summed in another
+/// order) against the default ones, against the largest entry: float32 rounding of sums over k
+/// terms of random sign, with room (k up to 1540 below).
+constexpr double kReorderedSumTol = 2e-5;
 
 const DType kHalfTypes[] = {DType::bfloat16, DType::float16};
 
 /// Leaves the process-wide precision at its default when a test ends, however it ends.
 struct RestorePrecision {
   ~RestorePrecision() { set_float32_matmul_precision("highest"); }
+};
+
+/// Leaves the autotune setting as the test found it.
+struct RestoreAutotune {
+  bool was = matmul_autotune();
+  ~RestoreAutotune() { set_matmul_autotune(was); }
 };
 
 using dualcast::testing::naive_matmul;
@@ -360,6 +374,70 @@ TEST_P(Precision, GpuHighAndMediumStayWithinTheirProductsRounding) {
   const Float32Products medium = float32_products(dev());
   EXPECT_LE(array_error(medium.mm, highest.mm, ErrorScale::largest), kBf16ProductTol);
   EXPECT_LE(array_error(medium.conv, highest.conv, ErrorScale::largest), kTf32Tol);
+}
+
+// ---- autotuned float32 products --------------------------------------------------------------------
+
+TEST(MatmulAutotuneSetting, RoundTripsAndIsOffUnlessTheEnvironmentAsks) {
+  RestoreAutotune restore;
+  const char* env = std::getenv("DUALCAST_MATMUL_AUTOTUNE");
+  if (env == nullptr || std::string(env) != "1") EXPECT_FALSE(restore.was);
+  set_matmul_autotune(true);
+  EXPECT_TRUE(matmul_autotune());
+  set_matmul_autotune(false);
+  EXPECT_FALSE(matmul_autotune());
+}
+
+/// The HM-LSTM's gate-product shapes (M = 64 rows) and others, every transpose, plain and batched.
+struct AutotuneCase {
+  std::int64_t batch, m, n, k;
+  bool ta, tb;
+};
+const AutotuneCase kAutotuneCases[] = {{0, 64, 2049, 1540, false, false}, {0, 64, 1540, 2049, false, true},
+                                       {0, 1540, 513, 640, true, false}, {0, 37, 53, 71, true, true},
+                                       {3, 64, 129, 96, false, false},     {3, 17, 40, 33, true, false}};
+
+TEST_P(Precision, AutotunedFloat32ProductsEqualTheDefaultWithinFloat32Rounding) {
+  RestoreAutotune restore;
+  const Device d = dev();
+  std::uint64_t seed = 300;
+  for (const AutotuneCase& c : kAutotuneCases) {
+    const Tensor a = Tensor::randn(stored(c.batch, c.m, c.k, c.ta), d, ++seed);
+    const Tensor b = Tensor::randn(stored(c.batch, c.k, c.n, c.tb), d, ++seed);
+    set_matmul_autotune(false);
+    const Tensor plain = matmul(a, b, c.ta, c.tb);
+    set_matmul_autotune(true);
+    const Tensor tuned = matmul(a, b, c.ta, c.tb);
+    const Tensor again = matmul(a, b, c.ta, c.tb);  // the cached choice
+    const std::string what = "batch " + std::to_string(c.batch) + " m " + std::to_string(c.m) + " n " +
+                             std::to_string(c.n) + " k " + std::to_string(c.k);
+    if (d.is_cpu()) {
+      EXPECT_TRUE(bit_identical(tuned, plain)) << what << ": the CPU ignores the setting";
+    } else {
+      EXPECT_LE(array_error(tuned, plain, ErrorScale::largest), kReorderedSumTol) << what;
+      EXPECT_LE(array_error(tuned.to(DType::float64).to_vector<double>(), naive_matmul(a, b, c.ta, c.tb),
+                            ErrorScale::largest), kReorderedSumTol) << what;
+    }
+    EXPECT_TRUE(bit_identical(again, tuned)) << what << ": a searched shape keeps its algorithm";
+  }
+}
+
+TEST_P(Precision, AutotuneSearchesAShapeOnceAndACapturedStepGivesTheEagerBits) {
+  if (dev().is_cpu()) GTEST_SKIP() << "the GPU's rule";
+  RestoreAutotune restore;
+  set_matmul_autotune(true);
+  const Device d = dev();
+  const Tensor a = Tensor::randn({64, 1029}, d, 401), b = Tensor::randn({1029, 2051}, d, 402);
+  const std::int64_t before = detail::matmul_autotune_searches();
+  const Tensor eager = matmul(a, b, false, false);
+  EXPECT_EQ(detail::matmul_autotune_searches(), before + 1);
+  (void)matmul(a, b, false, false);
+  EXPECT_EQ(detail::matmul_autotune_searches(), before + 1) << "a searched shape is not searched again";
+  Tensor out = Tensor::zeros({64, 2051}, DType::float32, d);
+  Graph g;
+  g.capture(d, [&] { out.copy_(matmul(a, b, false, false)); });
+  g.replay();
+  EXPECT_TRUE(bit_identical(out, eager));
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, Precision, ::testing::ValuesIn(dualcast::testing::all_devices()),
