@@ -113,11 +113,14 @@ int run(const Options& opt_in) {
                                                            : dualcast::kSameResultTolFloat16);
   }
   if (o.precision == "tf32") dualcast::set_float32_matmul_precision("high");
+  // Workload e's products: bf16 runs them at "medium" (bfloat16 products, float32 sums and results:
+  // the gate kernels read float32, as the PyTorch peer's autocast promotes its bf16 products when
+  // they meet float32 flags); fp16 has no such mode for float32 data and stays float32.
+  const std::string e_precision = o.precision == "tf32" ? "high" : o.precision == "bf16" ? "medium" : "highest";
   log_line("  precision " + o.precision + " (a, b, d stored as " + dualcast::dtype_name(ctx.dtype) +
-           "; matmul precision " + dualcast::get_float32_matmul_precision() +
-           (dualcast::is_half(ctx.dtype) ? std::string("; e stays float32: the model's gate kernels read float32 "
-                                                       "products, so it cannot run under Autocast yet")
-                                         : std::string()) + ")");
+           "; matmul precision " + dualcast::get_float32_matmul_precision() + "; e's products at \"" +
+           e_precision + "\"" + (o.precision == "fp16" ? std::string(": float32, no float16-product mode for float32 data")
+                                                       : std::string()) + ")");
 
   Results res;
   auto add = [&](std::vector<Measurement> v) { res.add(device, std::move(v)); };
@@ -178,7 +181,12 @@ int run(const Options& opt_in) {
         add(hmexp::run_d(ctx, o.dims[j], layout));
       }
   }
-  const WorkloadE e = has(o, "e") ? run_workload_e(o, device, res, elapsed) : WorkloadE{};
+  WorkloadE e;
+  if (has(o, "e")) {
+    dualcast::set_float32_matmul_precision(e_precision);
+    e = run_workload_e(o, device, res, elapsed);
+    dualcast::set_float32_matmul_precision(o.precision == "tf32" ? "high" : "highest");
+  }
   const std::string valdir = write_validation_dir(o, device);
   const Peers peers = run_peers(o, device, gpu, valdir, e.variant, res, elapsed);
   return write_outputs(o, Machine{device, dev_name, bw, cache}, res, e, peers, elapsed);
