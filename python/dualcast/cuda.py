@@ -222,6 +222,9 @@ class CudaKernel:
     def run(self, stream, shape, inputs, in_strides, outputs, partials):
         """As jit.Kernel.run, on device memory, queued on `stream` (a CUstream handle; 0: the legacy
         default stream). Returns without waiting for the GPU."""
+        if len(in_strides) != len(self.spec.inputs) or any(len(st) != len(shape) for st in in_strides):
+            raise ValueError("dualcast.cuda: one stride list per input, one stride per dimension")
+        shape, in_strides = jit.coalesce(shape, in_strides)
         nd = len(shape)
         if nd > jit.MAX_DIMS:
             raise ValueError("dualcast.elementwise: a %d-dimensional broadcast shape; at most %d" % (nd, jit.MAX_DIMS))

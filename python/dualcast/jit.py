@@ -241,8 +241,15 @@ extern "C" int dualcast_jit_run(const Args* a) {{
   std::int64_t rows = 1;
   for (std::int64_t d = 0; d + 1 < nd; ++d) rows *= a->shape[d];
   if (cols == 0 || rows == 0) return 0;
+  // The work items: segments of up to kSegment elements of a row (a multiple of W, so that only a
+  // row's last segment has a partial tile), so that a coalesced call of one long row still spreads
+  // over the threads.
+  constexpr std::int64_t kSegment = 64 * W;
+  const std::int64_t segs = (cols + kSegment - 1) / kSegment;
 #pragma omp parallel for schedule(static) num_threads(a->threads > 0 ? a->threads : 1) if (rows * cols > 32768)
-  for (std::int64_t r = 0; r < rows; ++r) {{
+  for (std::int64_t item = 0; item < rows * segs; ++item) {{
+    const std::int64_t r = item / segs, c0 = (item % segs) * kSegment;
+    const std::int64_t c1 = c0 + kSegment < cols ? c0 + kSegment : cols;
     std::int64_t o[NIN] = {{}}, step[NIN] = {{}};
     std::int64_t rest = r;
     for (std::int64_t d = nd - 2; d >= 0; --d) {{
@@ -250,13 +257,16 @@ extern "C" int dualcast_jit_run(const Args* a) {{
       rest /= a->shape[d];
       for (int k = 0; k < NIN; ++k) o[k] += i * a->in_strides[k * nd + d];
     }}
-    for (int k = 0; k < NIN; ++k) step[k] = nd > 0 ? a->in_strides[k * nd + nd - 1] : 0;
-    std::int64_t c = 0;
-    for (; c + W <= cols; c += W) {{
+    for (int k = 0; k < NIN; ++k) {{
+      step[k] = nd > 0 ? a->in_strides[k * nd + nd - 1] : 0;
+      o[k] += c0 * step[k];
+    }}
+    std::int64_t c = c0;
+    for (; c + W <= c1; c += W) {{
       tile(a, o, step, r * cols + c);
       for (int k = 0; k < NIN; ++k) o[k] += W * step[k];
     }}
-    for (; c < cols; ++c) {{
+    for (; c < c1; ++c) {{
 {loads}
       const Ret res = user_body({args});
       const std::int64_t e = r * cols + c;
@@ -290,13 +300,17 @@ template <class I>
 __device__ void run(const Args& a) {{
   const I n = static_cast<I>(a.n);
   for (I e = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += static_cast<I>(gridDim.x) * blockDim.x) {{
-    I rest = e;
     std::int64_t o[NIN] = {{}};
-    for (int d = static_cast<int>(a.ndim) - 1; d >= 0; --d) {{
-      const I size = static_cast<I>(a.shape[d]);
-      const I i = rest % size;
-      rest /= size;
-      for (int k = 0; k < NIN; ++k) o[k] += static_cast<std::int64_t>(i) * a.in_strides[k][d];
+    if (a.ndim == 1) {{  // coalesced (coalesce() in jit.py): no index arithmetic
+      for (int k = 0; k < NIN; ++k) o[k] = static_cast<std::int64_t>(e) * a.in_strides[k][0];
+    }} else {{
+      I rest = e;
+      for (int d = static_cast<int>(a.ndim) - 1; d >= 0; --d) {{
+        const I size = static_cast<I>(a.shape[d]);
+        const I i = rest % size;
+        rest /= size;
+        for (int k = 0; k < NIN; ++k) o[k] += static_cast<std::int64_t>(i) * a.in_strides[k][d];
+      }}
     }}
 {loads}
     const Ret res = user_body({args});
@@ -313,6 +327,25 @@ __device__ void run(const Args& a) {{
 extern "C" __global__ void dualcast_jit_kernel32(const Args a) {{ run<std::uint32_t>(a); }}
 extern "C" __global__ void dualcast_jit_kernel64(const Args a) {{ run<std::int64_t>(a); }}
 """
+
+
+def coalesce(shape, in_strides):
+    """The same element walk over fewer dimensions: size-1 dimensions dropped, and a dimension merged
+    into the next one in when every input steps across the boundary as one run (stride[d] ==
+    stride[d+1] * shape[d+1]; broadcast inputs have 0 on both sides). A call whose inputs are all
+    contiguous or all broadcast becomes one dimension: one row of tiles on the CPU, no index
+    arithmetic on the GPU."""
+    dims = [(size, [st[d] for st in in_strides]) for d, size in enumerate(shape) if size != 1]
+    if not dims:
+        return [1] * (1 if shape else 0), [[0] * (1 if shape else 0) for _ in in_strides]
+    out = [dims[0]]
+    for size, strides in dims[1:]:
+        psize, pstrides = out[-1]
+        if all(ps == s * size for ps, s in zip(pstrides, strides)):
+            out[-1] = (psize * size, strides)
+        else:
+            out.append((size, strides))
+    return [s for s, _ in out], [[st[k] for _, st in out] for k in range(len(in_strides))]
 
 
 class _Args(ctypes.Structure):
@@ -352,6 +385,8 @@ class Kernel:
             if len(st) != nd:
                 raise ValueError("dualcast.jit: a stride list of %d entries for a %d-dimensional shape"
                                  % (len(st), nd))
+        shape, in_strides = coalesce(shape, in_strides)
+        nd = len(shape)
         a = _Args()
         a.ndim = nd
         a.shape = (ctypes.c_int64 * max(nd, 1))(*shape)

@@ -177,9 +177,13 @@ def test_float32_agrees_with_float64_on_odd_sizes_and_the_threaded_path():
     spec = jit.Spec(CELL, "z zb c f i g", "c f i g")
     k64, k32 = jit.compile_kernel(spec, "float64"), jit.compile_kernel(spec, "float32")
     rng = random.Random(3)
-    # 37 x 1001 elements: above the kernel's threading threshold; odd row length; a 3-D broadcast.
+    # 37 x 1001 elements: above the kernel's threading threshold; odd row length; a 3-D broadcast;
+    # long rows.
     for out_shape, shapes in [((37, 1001), [(37, 1), (1,), (37, 1001), (1001,), (37, 1001), (37, 1)]),
                               ((3, 1, 7), [(3, 1, 7), (1, 7), (3, 1, 1), (7,), (), (3, 1, 7)]),
+                              # rows of several segments (2048 floats, 1024 doubles) and a partial tile
+                              ((2, 4500), [(2, 1), (), (2, 4500), (4500,), (2, 4500), (1, 1)]),
+                              ((9001,), [(9001,)] * 6),  # one coalesced row over the threads
                               ((1,), [(1,)] * 6)]:
         ins = cell_inputs(rng, out_shape, shapes)
         ins32 = [(sh, list(array.array("f", v))) for sh, v in ins]  # the float32 inputs, exactly
@@ -282,3 +286,13 @@ def test_the_memory_cache_returns_the_same_kernel():
     b = jit.compile_kernel(jit.Spec("return x * 3;", "x", "x"), "float64")
     c = jit.compile_kernel(jit.Spec("return x * 4;", "x", "x"), "float64")
     assert a is b and a is not c
+
+
+def test_coalescing_merges_only_what_walks_as_one_run():
+    c = jit.coalesce
+    assert c([4, 5, 6], [[30, 6, 1], [0, 0, 0]]) == ([120], [[1], [0]])  # contiguous and broadcast
+    assert c([3, 37], [[37, 1], [0, 0], [1, 0], [0, 1]]) == ([3, 37], [[37, 1], [0, 0], [1, 0], [0, 1]])
+    assert c([2, 1, 3], [[3, 0, 1]]) == ([6], [[1]])  # a size-1 dimension is dropped
+    assert c([5, 4], [[1, 5]]) == ([5, 4], [[1, 5]])  # a transposed input stays two-dimensional
+    assert c([1, 1], [[0, 0]]) == ([1], [[0]]) and c([], [[]]) == ([], [[]])
+    assert c([0, 3], [[3, 1]]) == ([0], [[1]])
