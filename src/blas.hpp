@@ -41,7 +41,8 @@ void blas_prepare(Device device);
 #if DUALCAST_WITH_CUDA
 /// Row-major float32 GEMM (gemm's arguments, narrowed) through cuBLASLt with the fastest of its
 /// exact-float32 algorithms for the shape, searched once and cached (blas_lt.cpp; set_matmul_autotune).
-void lt_sgemm(Device device, bool ta, bool tb, int M, int N, int K, float alpha, const float* a, int lda,
+/// False when cuBLASLt has no algorithm for it (nothing was computed: the caller runs cublasSgemm).
+bool lt_sgemm(Device device, bool ta, bool tb, int M, int N, int K, float alpha, const float* a, int lda,
               std::int64_t sa, const float* b, int ldb, std::int64_t sb, float beta, float* c, int ldc,
               std::int64_t sc, int batch);
 /// Creates the device's cuBLASLt handle and workspace (before a capture).

@@ -11,7 +11,9 @@
 // fixed once made, so eager and captured steps give identical bits.
 //
 // A shape first met inside a Graph capture cannot be timed (nothing may synchronise): it gets the
-// heuristic's first choice, not cached, and the next eager call searches.
+// heuristic's first choice, not cached, and the next eager call searches (and may choose another
+// algorithm: run a step eagerly before capturing it, as the drivers do, for identical bits). Two
+// threads meeting a new shape at once may both search it; the first result is kept.
 #include "blas.hpp"
 
 #if DUALCAST_WITH_CUDA
@@ -28,6 +30,7 @@
 
 #include "dualcast/error.hpp"
 #include "dualcast/stream.hpp"
+#include "dualcast/tensor.hpp"
 #include "per_device.hpp"
 
 namespace dualcast::detail {
@@ -155,6 +158,21 @@ cublasStatus_t run(const Lt& lt, const Problem& p, const cublasLtMatmulAlgo_t* a
                         kWorkspaceBytes, s);
 }
 
+/// Two timing events, destroyed however the search ends.
+struct EventPair {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  EventPair() {
+    DUALCAST_CUDA_CHECK(cudaEventCreate(&start));
+    DUALCAST_CUDA_CHECK(cudaEventCreate(&stop));
+  }
+  ~EventPair() {
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+  }
+  EventPair(const EventPair&) = delete;
+  EventPair& operator=(const EventPair&) = delete;
+};
+
 }  // namespace
 
 std::int64_t matmul_autotune_searches() {
@@ -166,7 +184,7 @@ void lt_prepare(Device device) {
   if (device.is_cuda()) (void)lt_of(device);
 }
 
-void lt_sgemm(Device device, bool ta, bool tb, int M, int N, int K, float alpha, const float* a, int lda,
+bool lt_sgemm(Device device, bool ta, bool tb, int M, int N, int K, float alpha, const float* a, int lda,
               std::int64_t sa, const float* b, int ldb, std::int64_t sb, float beta, float* c, int ldc,
               std::int64_t sc, int batch) {
   const Lt lt = lt_of(device);
@@ -190,62 +208,56 @@ void lt_sgemm(Device device, bool ta, bool tb, int M, int N, int K, float alpha,
     auto it = cache().find(key);
     if (it != cache().end()) {
       DUALCAST_LT_CHECK(run(lt, p, &it->second, alpha, b, a, beta, c, s));
-      return;
+      return true;
     }
   }
   std::vector<Candidate> cands = candidates(lt.handle, p, align);
-  DUALCAST_CHECK(!cands.empty(), "matmul (cuBLASLt): no algorithm for M=", M, " N=", N, " K=", K,
-                 " batch=", batch);
+  if (cands.empty()) return false;
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   DUALCAST_CUDA_CHECK(cudaStreamIsCapturing(s, &capturing));
-  if (capturing != cudaStreamCaptureStatusNone) {  // nothing may be timed: the heuristic's choice
-    DUALCAST_LT_CHECK(run(lt, p, &cands[0].algo, alpha, b, a, beta, c, s));
-    return;
-  }
+  if (capturing != cudaStreamCaptureStatusNone)  // nothing may be timed: the heuristic's choice
+    return run(lt, p, &cands[0].algo, alpha, b, a, beta, c, s) == CUBLAS_STATUS_SUCCESS;
 
   // Time each candidate on a scratch copy of C (beta != 0 reads it; the real C is written once, by
-  // the winner, below).
-  float* scratch = nullptr;
-  const std::size_t c_elems = static_cast<std::size_t>(sc > 0 ? sc * (batch - 1) : 0) +
-                              static_cast<std::size_t>(ldc) * static_cast<std::size_t>(M - 1) + N;
-  DUALCAST_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&scratch), c_elems * sizeof(float)));
-  cudaEvent_t e0 = nullptr, e1 = nullptr;
-  DUALCAST_CUDA_CHECK(cudaEventCreate(&e0));
-  DUALCAST_CUDA_CHECK(cudaEventCreate(&e1));
+  // the winner, below). The scratch comes from dualcast's caching allocator, ordered on its stream.
+  const std::int64_t c_elems = (sc > 0 ? sc * (batch - 1) : 0) + std::int64_t{ldc} * (M - 1) + N;
+  Tensor scratch_t = Tensor::empty({c_elems}, DType::float32, device);
+  float* scratch = scratch_t.data<float>();
+  const EventPair ev;
   std::size_t best = 0;
   float best_ms = -1.f;
   for (std::size_t i = 0; i < cands.size(); ++i) {
     if (beta != 0.f)
-      DUALCAST_CUDA_CHECK(cudaMemcpyAsync(scratch, c, c_elems * sizeof(float), cudaMemcpyDeviceToDevice, s));
-    if (run(lt, p, &cands[i].algo, alpha, b, a, beta, scratch, s) != CUBLAS_STATUS_SUCCESS) continue;
+      DUALCAST_CUDA_CHECK(cudaMemcpyAsync(scratch, c, static_cast<std::size_t>(c_elems) * sizeof(float),
+                                          cudaMemcpyDeviceToDevice, s));
+    bool ok = run(lt, p, &cands[i].algo, alpha, b, a, beta, scratch, s) == CUBLAS_STATUS_SUCCESS;
     float times[kTimedReps];
-    bool ok = true;
     for (int r = 0; r < kTimedReps && ok; ++r) {
-      DUALCAST_CUDA_CHECK(cudaEventRecord(e0, s));
+      DUALCAST_CUDA_CHECK(cudaEventRecord(ev.start, s));
       ok = run(lt, p, &cands[i].algo, alpha, b, a, beta, scratch, s) == CUBLAS_STATUS_SUCCESS;
-      DUALCAST_CUDA_CHECK(cudaEventRecord(e1, s));
-      DUALCAST_CUDA_CHECK(cudaEventSynchronize(e1));
-      DUALCAST_CUDA_CHECK(cudaEventElapsedTime(&times[r], e0, e1));
+      DUALCAST_CUDA_CHECK(cudaEventRecord(ev.stop, s));
+      DUALCAST_CUDA_CHECK(cudaEventSynchronize(ev.stop));
+      DUALCAST_CUDA_CHECK(cudaEventElapsedTime(&times[r], ev.start, ev.stop));
     }
-    if (!ok) continue;
+    if (!ok) {
+      (void)cudaGetLastError();  // a refused candidate must not be blamed on the next launch
+      continue;
+    }
     std::sort(times, times + kTimedReps);
     if (best_ms < 0.f || times[kTimedReps / 2] < best_ms) {
       best_ms = times[kTimedReps / 2];
       best = i;
     }
   }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  DUALCAST_CUDA_CHECK(cudaStreamSynchronize(s));
-  DUALCAST_CUDA_CHECK(cudaFree(scratch));
-  DUALCAST_CHECK(best_ms >= 0.f, "matmul (cuBLASLt): every candidate algorithm failed for M=", M, " N=", N,
-                 " K=", K);
+  if (best_ms < 0.f) return false;
   {
     std::lock_guard<std::mutex> lock(g_mu);
-    cache().emplace(key, cands[best].algo);
-    ++g_searches;
+    const bool added = cache().emplace(key, cands[best].algo).second;
+    g_searches += added ? 1 : 0;
+    const cublasLtMatmulAlgo_t kept = cache().at(key);  // another thread's search may have won
+    DUALCAST_LT_CHECK(run(lt, p, &kept, alpha, b, a, beta, c, s));
   }
-  DUALCAST_LT_CHECK(run(lt, p, &cands[best].algo, alpha, b, a, beta, c, s));
+  return true;
 }
 
 }  // namespace dualcast::detail
