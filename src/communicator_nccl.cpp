@@ -50,7 +50,7 @@ ncclDataType_t nccl_type(DType t) {
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(const Env& env, Device device, std::unique_ptr<Rendezvous> rdv)
-      : Communicator(env, device), rdv_(std::move(rdv)) {
+      : Communicator(env, device), rdv_(std::move(rdv)), watched_(watchdog_enabled()) {
     ncclUniqueId id{};
     if (rank() == 0) DUALCAST_NCCL_CHECK(ncclGetUniqueId(&id), nullptr);
     rdv_->broadcast_from_root(&id, sizeof id, "NCCL unique id");
@@ -78,7 +78,7 @@ class NcclCommunicator final : public Communicator {
     timeout_s_ = timeout_seconds();
     // DUALCAST_DIST_WATCHDOG=0 leaves the watchdog out (to measure what it costs): NCCL's errors and
     // a stopped peer are then found only by the host-side waits, and a lost peer can hang the rank.
-    if (watchdog_enabled()) watchdog_ = std::thread([this] { watch(); });
+    if (watched_) watchdog_ = std::thread([this] { watch(); });
   }
 
   ~NcclCommunicator() override {
@@ -202,6 +202,7 @@ class NcclCommunicator final : public Communicator {
   void queued(const std::vector<Tensor>& tensors) {
     in_flight_.insert(in_flight_.end(), tensors.begin(), tensors.end());
     if (capturing(device_)) return;  // a replay's collectives are not tracked (no event to wait on)
+    if (!watched_) return;           // nobody would drain the events
     cudaEvent_t e = nullptr;
     DUALCAST_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     DUALCAST_CUDA_CHECK(cudaEventRecord(e, comm_stream_));
@@ -290,6 +291,7 @@ class NcclCommunicator final : public Communicator {
   std::atomic<bool> stop_{false};
   std::atomic<std::int64_t> host_call_since_ns_{0};  ///< when the NCCL call in progress began (0: none)
   std::thread watchdog_;
+  const bool watched_;  ///< DUALCAST_DIST_WATCHDOG is not 0: the watchdog runs
 };
 
 }  // namespace

@@ -47,9 +47,10 @@ options:
   --mode mixed|reverse the cell's differentiation (default mixed)
   --bench              time the step (eager, then captured in a Graph)
   --reps N, --warmup N timed and untimed steps (default 30, 5)
-  --compute-first      with --bench and N > 1: time the step without the gradient average (captured)
-                       before any step with it, and again after (does a rank's compute depend on
-                       the collectives that ran before it?)
+  --compute-first      with --bench and N > 1: time the step captured before the data-parallel
+                       layer exists (the communicator is up, no collective has run), as well as
+                       the usual compute-only step after (does a rank's compute depend on the
+                       collectives, buffers or hooks that came with DataParallel?)
   --train-steps N      character-LM steps (default 0: none)
   --lr X               Adam's learning rate for --train-steps (default 2e-3)
   --bucket-mib X       gradient bucket size in MiB (default 4: one gate weight matrix per bucket,
@@ -118,6 +119,8 @@ Options parse(int argc, char** argv, bool& help) {
   if (o.hidden == 0) o.hidden = gpu ? 512 : 64;
   if (o.batch == 0) o.batch = gpu ? 64 : 8;
   if (o.seq == 0) o.seq = gpu ? 100 : 20;
+  if (o.compute_first && (!o.bench || o.gpus < 2))
+    throw UsageError("--compute-first: needs --bench and --gpus 2 or more");
   if (o.batch % o.gpus != 0)
     throw UsageError("--batch: " + std::to_string(o.batch) + " does not split evenly over --gpus " + std::to_string(o.gpus));
   dcexp::relaunch_if_requested(o.gpus, argc, argv);
@@ -141,9 +144,29 @@ json bench(const Options& o, const hmlstm::NetworkConfig& global, dcexp::DataPar
   hmlstm::HmlstmNetwork net(local);
   dualcast::Adam opt(net.params(), 2e-3);
   std::unique_ptr<dualcast::dist::DataParallel> ddp;
+  const Tensor tokens = random_tokens(local.seq, local.batch, group.device, 11 + static_cast<std::uint64_t>(group.rank()));
+  auto none = [](int) {};
+  json first = nullptr;
+  if (o.compute_first) {
+    // Before DataParallel exists: no broadcast, no bucket, no hook, no collective yet. One eager
+    // step first, so that the capture meets no first-time work.
+    auto plain = [&] {
+      opt.zero_grad();
+      Var loss = net.loss(tokens);
+      loss.backward();
+      (void)hmlstm::clip_grad_norm_on_device(net.params(), 1.0);
+      opt.step();
+    };
+    plain();
+    dualcast::Graph g0;
+    g0.capture(group.device, plain);
+    const dcexp::StepTimes t = dcexp::time_steps(group.device, none, [&](int) { g0.replay(); }, o.warmup, o.reps);
+    first = dcexp::summary_json(t.primary());
+    std::printf("%-10s %10d %12.3f %12.3f   (compute only, before the data-parallel layer existed)\n", "local",
+                group.size(), t.primary().median, t.primary().p90);
+  }
   if (group.size() > 1) ddp = std::make_unique<dualcast::dist::DataParallel>(
         *group.comm, net.params(), dualcast::dist::DataParallelOptions::with_bucket_mib(o.bucket_mib));
-  const Tensor tokens = random_tokens(local.seq, local.batch, group.device, 11 + static_cast<std::uint64_t>(group.rank()));
   auto step = [&] {
     opt.zero_grad();
     Var loss = net.loss(tokens);
@@ -152,7 +175,6 @@ json bench(const Options& o, const hmlstm::NetworkConfig& global, dcexp::DataPar
     (void)hmlstm::clip_grad_norm_on_device(net.params(), 1.0);
     opt.step();
   };
-  auto none = [](int) {};
   // The step without the gradient average, captured (sync is switched inside the lambda: on the CPU a
   // Graph replays the lambda itself).
   dualcast::Graph local_graph;
@@ -163,14 +185,6 @@ json bench(const Options& o, const hmlstm::NetworkConfig& global, dcexp::DataPar
       ddp->set_sync(true);
     });
   };
-  json first = nullptr;
-  if (ddp && o.compute_first) {
-    capture_local();
-    const dcexp::StepTimes t = dcexp::time_steps(group.device, none, [&](int) { local_graph.replay(); }, o.warmup, o.reps);
-    first = dcexp::summary_json(t.primary());
-    std::printf("%-10s %10d %12.3f %12.3f   (compute only, before any collective step)\n", "local", group.size(),
-                t.primary().median, t.primary().p90);
-  }
   const dcexp::StepTimes eager = dcexp::time_steps(group.device, none, [&](int) { step(); }, o.warmup, o.reps);
   dualcast::Graph graph;
   graph.capture(group.device, step);
@@ -187,8 +201,8 @@ json bench(const Options& o, const hmlstm::NetworkConfig& global, dcexp::DataPar
   r["graph_nodes"] = static_cast<long long>(graph.num_nodes());
   if (ddp) {
     // The captured step's parts: the same step captured without the gradient average.
-    if (!o.compute_first) capture_local();
-    if (!first.is_null()) r["compute_only_first_ms"] = first;
+    capture_local();
+    if (!first.is_null()) r["compute_only_before_data_parallel_ms"] = first;
     r["data_parallel"] = dcexp::time_data_parallel_parts(group.device, [&] { local_graph.replay(); }, *ddp,
                                                          net.params(), captured.primary().median, o.warmup, o.reps);
   }
