@@ -347,8 +347,8 @@ CurveComparison compare_curves(TrainLog mixed, TrainLog reverse, DType dtype, do
   CurveComparison r;
   r.mixed = std::move(mixed);
   r.reverse = std::move(reverse);
-  r.tolerance = tolerance > 0 ? tolerance : (dtype == DType::float64 ? 1e-8 : 1e-3);
-  r.drift_rtol = dtype == DType::float64 ? 1e-6 : 0.03;
+  r.tolerance = tolerance > 0 ? tolerance : (dtype == DType::float64 ? 1e-8 : float32_products_tolerance(1e-3));
+  r.drift_rtol = dtype == DType::float64 ? 1e-6 : float32_products_tolerance(0.03);
   double worst = 0.0;
   int worst_step = -1;
   std::size_t parted = static_cast<std::size_t>(-1);

@@ -125,6 +125,7 @@ struct WorkloadE {
   json training = json::object();
   bool training_ok = true;
   std::string variant;  ///< "H=.. B=.. T=..", the rows' variant
+  std::string matmul_precision;  ///< what e's float32 products ran at ("" when e did not run)
 };
 /// Workload e (workload_e.cu): the training step timed in each mode (eager and captured), then the
 /// character-LM training in both modes (and replayed from a capture); writes OUT/training.csv.

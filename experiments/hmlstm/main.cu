@@ -116,10 +116,15 @@ int run(const Options& opt_in) {
   // Workload e's products: bf16 runs them at "medium" (bfloat16 products, float32 sums and results:
   // the gate kernels read float32, as the PyTorch peer's autocast promotes its bf16 products when
   // they meet float32 flags); fp16 has no such mode for float32 data and stays float32.
-  const std::string e_precision = o.precision == "tf32" ? "high" : o.precision == "bf16" ? "medium" : "highest";
+  const std::string e_precision = device.is_cpu()          ? "highest"  // the CPU ignores the setting
+                                   : o.precision == "tf32" ? "high"
+                                   : o.precision == "bf16" ? "medium"
+                                                           : "highest";
   log_line("  precision " + o.precision + " (a, b, d stored as " + dualcast::dtype_name(ctx.dtype) +
            "; matmul precision " + dualcast::get_float32_matmul_precision() + "; e's products at \"" +
-           e_precision + "\"" + (o.precision == "fp16" ? std::string(": float32, no float16-product mode for float32 data")
+           e_precision + "\"" +
+           (o.precision == "fp16" ? std::string(": float32, no float16-product mode for float32 data")
+            : device.is_cpu() && o.precision != "fp32" ? std::string(": the CPU's products are exact float32")
                                                        : std::string()) + ")");
 
   Results res;
@@ -183,9 +188,13 @@ int run(const Options& opt_in) {
   }
   WorkloadE e;
   if (has(o, "e")) {
+    struct Restore {  // the process-wide setting back to the run's, however e ends
+      std::string was = dualcast::get_float32_matmul_precision();
+      ~Restore() { dualcast::set_float32_matmul_precision(was); }
+    } restore;
     dualcast::set_float32_matmul_precision(e_precision);
     e = run_workload_e(o, device, res, elapsed);
-    dualcast::set_float32_matmul_precision(o.precision == "tf32" ? "high" : "highest");
+    e.matmul_precision = e_precision;
   }
   const std::string valdir = write_validation_dir(o, device);
   const Peers peers = run_peers(o, device, gpu, valdir, e.variant, res, elapsed);

@@ -26,6 +26,7 @@
 #include "dualcast/ops/loss.hpp"
 #include "dualcast/ops/reduce.hpp"
 #include "dualcast/ops/shape.hpp"
+#include "dualcast/precision.hpp"
 #include "dualcast/random.hpp"
 
 #include "../common/json.hpp"
@@ -335,9 +336,17 @@ Tensor random_tokens(int seq, int batch, int vocab, std::uint64_t seed) {
   return Tensor::from_vector({seq + 1, batch}, ids);
 }
 
+double float32_products_tolerance(double exact) {
+  switch (dualcast::detail::float32_precision()) {
+    case dualcast::detail::Float32Precision::high: return std::max(exact, 1e-2);    // TF32 products
+    case dualcast::detail::Float32Precision::medium: return std::max(exact, 5e-2);  // bfloat16 products
+    default: return exact;
+  }
+}
+
 ModeComparison compare_modes(const NetworkConfig& config, const Tensor& tokens, double tolerance) {
   ModeComparison r;
-  r.tolerance = tolerance > 0 ? tolerance : (config.dtype == DType::float64 ? 1e-10 : 1e-3);
+  r.tolerance = tolerance > 0 ? tolerance : (config.dtype == DType::float64 ? 1e-10 : float32_products_tolerance(1e-3));
   NetworkConfig cm = config, cr = config;
   cm.mode = CellMode::mixed;
   cr.mode = CellMode::reverse;

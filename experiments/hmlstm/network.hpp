@@ -212,6 +212,11 @@ struct ModeComparison {
 /// tolerance <= 0 picks the default: 1e-3 for float32 (fp32 over T steps of BPTT; MODEL.md's
 /// --rtol-model), 1e-10 for float64.
 ModeComparison compare_modes(const NetworkConfig& config, const Tensor& tokens, double tolerance = 0.0);
+/// A float32 tolerance `exact` widened for the products set_float32_matmul_precision asks for: the
+/// two modes' inputs to a product differ by float32 rounding, which "high" (TF32) and "medium"
+/// (bfloat16) products amplify to their own rounding (1e-2 and 5e-2, the PyTorch peers' model
+/// tolerances at those precisions).
+double float32_products_tolerance(double exact);
 
 // ---- the training step recorded once and replayed (captured.cu) ---------------------------------
 

@@ -144,6 +144,7 @@ int write_outputs(const Options& o, const Machine& mc, const Results& res, const
   meta["dtype"] = dualcast::dtype_name(cell_dtype(o));  // of a, b, d (c is float32 always)
   meta["precision"] = o.precision;
   meta["matmul_precision"] = dualcast::get_float32_matmul_precision();
+  if (!e.matmul_precision.empty()) meta["e_matmul_precision"] = e.matmul_precision;  // e's own (bf16: "medium")
   meta["floor"] = std::string("bytes / copy bandwidth; recompute counts: a,d 14, b 22, c 3K+2 values per element, of ") +
                   std::to_string(dualcast::dtype_size(cell_dtype(o))) + " bytes in a, b, d and 4 in c";
   meta["timer"] = gpu ? "CUDA events per step from an idle device (median of reps); wall = host clock"
