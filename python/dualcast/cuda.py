@@ -16,7 +16,6 @@ import hashlib
 import os
 import threading
 
-from . import __version__
 from . import jit
 
 SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nvrtc_include")
@@ -84,11 +83,8 @@ def compile_cubin(spec, dtype, arch):
     src = spec.source(dtype, "cuda")
     opts = options(arch)
     h = hashlib.sha256()
-    for part in (src, nvrtc_version(), " ".join(opts), __version__):
+    for part in (src, nvrtc_version(), " ".join(opts), jit.headers_digest()):
         h.update(part.encode() + b"\0")
-    for name in jit.HEADERS:
-        with open(os.path.join(jit.include_dir(), "dualcast", name), "rb") as fh:
-            h.update(fh.read())
     for name in sorted(os.listdir(SHIM)):
         with open(os.path.join(SHIM, name), "rb") as fh:
             h.update(fh.read())
@@ -97,7 +93,7 @@ def compile_cubin(spec, dtype, arch):
         with open(path, "rb") as fh:
             jit.stats["loaded_from_disk"] += 1
             return fh.read()
-    cubin = _nvrtc_compile(src, opts)
+    cubin = _nvrtc_compile(src, spec.body, opts)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = "%s.%d.tmp" % (path, os.getpid())
     with open(tmp, "wb") as fh:
@@ -107,7 +103,7 @@ def compile_cubin(spec, dtype, arch):
     return cubin
 
 
-def _nvrtc_compile(src, opts):
+def _nvrtc_compile(src, body, opts):
     lib = nvrtc()
     prog = ctypes.c_void_p()
     _nv_check(lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"dualcast_jit.cu", 0, None, None),
@@ -120,8 +116,7 @@ def _nvrtc_compile(src, opts):
         log = ctypes.create_string_buffer(n.value)
         lib.nvrtcGetProgramLog(prog, log)
         if rc != 0:
-            raise jit.CompileError(jit.explain(log.value.decode(errors="replace"), jit.body_of(src),
-                                               "NVRTC " + nvrtc_version()))
+            raise jit.CompileError(jit.explain(log.value.decode(errors="replace"), body, "NVRTC " + nvrtc_version()))
         lib.nvrtcGetCUBINSize(prog, ctypes.byref(n))
         out = ctypes.create_string_buffer(n.value)
         _nv_check(lib.nvrtcGetCUBIN(prog, out), "nvrtcGetCUBIN")
@@ -222,9 +217,7 @@ class CudaKernel:
     def run(self, stream, shape, inputs, in_strides, outputs, partials):
         """As jit.Kernel.run, on device memory, queued on `stream` (a CUstream handle; 0: the legacy
         default stream). Returns without waiting for the GPU."""
-        if len(in_strides) != len(self.spec.inputs) or any(len(st) != len(shape) for st in in_strides):
-            raise ValueError("dualcast.cuda: one stride list per input, one stride per dimension")
-        shape, in_strides = jit.coalesce(shape, in_strides)
+        shape, in_strides = jit.launch_shape(self.spec, shape, inputs, in_strides, outputs, partials)
         nd = len(shape)
         if nd > jit.MAX_DIMS:
             raise ValueError("dualcast.elementwise: a %d-dimensional broadcast shape; at most %d" % (nd, jit.MAX_DIMS))

@@ -88,7 +88,7 @@ class Spec:
 
     def source(self, dtype, target="cpu"):
         """The translation unit for dtype ('float32' or 'float64') and target ('cpu': the host
-        compiler's; 'cuda': NVRTC's, kernel dualcast_jit_kernel)."""
+        compiler's, entry dualcast_jit_run; 'cuda': NVRTC's, kernels dualcast_jit_kernel32/64)."""
         if dtype not in DTYPES:
             raise TypeError("dualcast.elementwise: dtype %s is not supported (float32, float64)" % dtype)
         fields = dict(
@@ -96,8 +96,8 @@ class Spec:
             MAXDIM=MAX_DIMS, params=", ".join(("D " if n in self.differentiable else "T ") + n for n in self.inputs),
             args=", ".join("x%d" % i for i in range(len(self.inputs))), body_file=BODY_FILE, body=self.body)
         kernel = {"cpu": _CPU_KERNEL, "cuda": _CUDA_KERNEL}[target]
-        fields["loads"] = "\n".join(_load_line(i, n, self.differentiable, target) for i, n in enumerate(self.inputs))
-        fields["tile_loads"] = "\n".join(_load_line(i, n, self.differentiable, "tile") for i, n in enumerate(self.inputs))
+        for name, where in (("loads", target), ("tile_loads", "tile")):  # (the CUDA kernel has no tiles)
+            fields[name] = "\n".join(_load_line(i, n, self.differentiable, where) for i, n in enumerate(self.inputs))
         return (_PRELUDE + kernel).format(**fields)
 
 
@@ -348,6 +348,23 @@ def coalesce(shape, in_strides):
     return [s for s, _ in out], [[st[k] for _, st in out] for k in range(len(in_strides))]
 
 
+def launch_shape(spec, shape, inputs, in_strides, outputs, partials):
+    """Checks one call's arguments against the kernel (both targets take the same ones) and returns
+    the coalesced (shape, in_strides) the kernel walks."""
+    nin, kk = len(spec.inputs), max(spec.k, 1)
+    if len(inputs) != nin or len(in_strides) != nin or len(outputs) != spec.outputs:
+        raise ValueError("dualcast.jit: %d inputs, %d stride lists and %d outputs given; the kernel "
+                         "takes %d, %d and %d" % (len(inputs), len(in_strides), len(outputs), nin, nin, spec.outputs))
+    if len(partials) != spec.outputs * kk:
+        raise ValueError("dualcast.jit: %d partial buffers given; the kernel writes %d"
+                         % (len(partials), spec.outputs * kk))
+    for st in in_strides:
+        if len(st) != len(shape):
+            raise ValueError("dualcast.jit: a stride list of %d entries for a %d-dimensional shape"
+                             % (len(st), len(shape)))
+    return coalesce(shape, in_strides)
+
+
 class _Args(ctypes.Structure):
     _fields_ = [("ndim", ctypes.c_int64), ("shape", ctypes.POINTER(ctypes.c_int64)),
                 ("in_", ctypes.POINTER(ctypes.c_void_p)), ("in_strides", ctypes.POINTER(ctypes.c_int64)),
@@ -359,8 +376,8 @@ class Kernel:
     """One compiled (spec, dtype) on the CPU. `run` takes raw addresses: the caller owns the memory
     and has checked shapes (dualcast.torch does both)."""
 
-    def __init__(self, spec, dtype, path, from_disk):
-        self.spec, self.dtype, self.path, self.from_disk = spec, dtype, path, from_disk
+    def __init__(self, spec, dtype, path):
+        self.spec, self.dtype, self.path = spec, dtype, path
         self._lib = ctypes.CDLL(path)
         if self._lib.dualcast_jit_abi() != ABI_VERSION:
             raise RuntimeError("dualcast.jit: %s was built for another ABI" % path)
@@ -372,21 +389,9 @@ class Kernel:
         """shape: the broadcast shape; inputs: one address per input; in_strides: per input, its
         element strides over `shape` (0 where broadcast); outputs: M addresses of contiguous
         buffers of prod(shape) elements; partials: M x K addresses or None (not wanted)."""
-        nd, nin, s = len(shape), len(self.spec.inputs), self.spec
-        if len(inputs) != nin or len(in_strides) != nin or len(outputs) != s.outputs:
-            raise ValueError("dualcast.jit: %d inputs, %d stride lists and %d outputs given; the kernel "
-                             "takes %d, %d and %d" % (len(inputs), len(in_strides), len(outputs), nin, nin,
-                                                      s.outputs))
-        kk = max(s.k, 1)
-        if len(partials) != s.outputs * kk:
-            raise ValueError("dualcast.jit: %d partial buffers given; the kernel writes %d"
-                             % (len(partials), s.outputs * kk))
-        for st in in_strides:
-            if len(st) != nd:
-                raise ValueError("dualcast.jit: a stride list of %d entries for a %d-dimensional shape"
-                                 % (len(st), nd))
-        shape, in_strides = coalesce(shape, in_strides)
-        nd = len(shape)
+        s = self.spec
+        shape, in_strides = launch_shape(s, shape, inputs, in_strides, outputs, partials)
+        nd, nin = len(shape), len(s.inputs)
         a = _Args()
         a.ndim = nd
         a.shape = (ctypes.c_int64 * max(nd, 1))(*shape)
@@ -439,12 +444,28 @@ def compiler_command():
         "-Werror=return-type"]
 
 
+_headers_digest = None
+
+
+def headers_digest():
+    """sha256 of the headers a kernel includes and dualcast's version: part of every cache key
+    (CPU libraries and cubins)."""
+    global _headers_digest
+    if _headers_digest is None:
+        h = hashlib.sha256(__version__.encode())
+        for name in HEADERS:
+            with open(os.path.join(include_dir(), "dualcast", name), "rb") as fh:
+                h.update(fh.read())
+        _headers_digest = h.hexdigest()
+    return _headers_digest
+
+
 _facts = {}
 
 
 def _toolchain_facts(cmd):
-    """What a cached kernel depends on besides its source: the compiler's identity, the CPU, the
-    headers' contents and dualcast's version."""
+    """What a cached CPU kernel depends on besides its source: the compiler's identity, the CPU and
+    the headers (headers_digest)."""
     key = tuple(cmd)
     if key not in _facts:
         try:
@@ -457,12 +478,7 @@ def _toolchain_facts(cmd):
                 cpu += next((l for l in fh if l.startswith("flags")), "")
         except OSError:
             pass
-        h = hashlib.sha256()
-        inc = include_dir()
-        for name in HEADERS:
-            with open(os.path.join(inc, "dualcast", name), "rb") as fh:
-                h.update(fh.read())
-        _facts[key] = "\n".join([" ".join(cmd), ver, cpu, h.hexdigest(), __version__])
+        _facts[key] = "\n".join([" ".join(cmd), ver, cpu, headers_digest()])
     return _facts[key]
 
 
@@ -479,18 +495,17 @@ def compile_kernel(spec, dtype):
         d = cache_dir()
         os.makedirs(d, exist_ok=True)
         path = os.path.join(d, "dc_%s.so" % key)
-        from_disk = os.path.isfile(path)
-        if not from_disk:
-            _build(src, cmd, path)
-            stats["compiled"] += 1
-        else:
+        if os.path.isfile(path):
             stats["loaded_from_disk"] += 1
-        k = Kernel(spec, dtype, path, from_disk)
+        else:
+            _build(src, spec.body, cmd, path)
+            stats["compiled"] += 1
+        k = Kernel(spec, dtype, path)
         _loaded[key] = k
         return k
 
 
-def _build(src, cmd, path):
+def _build(src, body, cmd, path):
     folder = os.path.dirname(path)
     fd, cpp = tempfile.mkstemp(suffix=".cpp", dir=folder)
     with os.fdopen(fd, "w") as fh:
@@ -500,17 +515,12 @@ def _build(src, cmd, path):
         r = subprocess.run(cmd + ["-I", include_dir(), cpp, "-o", tmp, "-lm"], capture_output=True, text=True,
                            timeout=300)
         if r.returncode != 0:
-            raise CompileError(explain(r.stderr, body_of(src), cmd[0]))
+            raise CompileError(explain(r.stderr, body, cmd[0]))
         os.replace(tmp, path)  # atomic: a process reading the cache sees a whole library or none
     finally:
         for f in (cpp, tmp):
             if os.path.exists(f):
                 os.remove(f)
-
-
-def body_of(src):
-    """The user's body as it stands in a generated source (between its two #line directives)."""
-    return src.split('#line 1 "%s"\n' % BODY_FILE, 1)[1].split("\n}\n#line ", 1)[0]
 
 
 def explain(stderr, body_text, compiler):
