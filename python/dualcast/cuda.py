@@ -133,6 +133,11 @@ def _nv_check(rc, what):
 
 # ---- the driver API ----------------------------------------------------------------------------
 
+# cuda.h renames some entry points to later versions (#define cuCtxPushCurrent cuCtxPushCurrent_v2):
+# a C caller gets the new symbol through the macro, a ctypes caller must name it. The unversioned
+# symbols are the legacy ABI kept for old binaries; cuCtxPushCurrent's failed with "invalid device
+# context" on the primary context (an H200, CUDA 13). tests/test_cuda_compile.py checks every cu*
+# name this file calls against cuda.h.
 def driver():
     global _cuda
     if _cuda is None:
@@ -175,11 +180,11 @@ class _InContext:
         self.ctx = ctx
 
     def __enter__(self):
-        _cu_check(driver().cuCtxPushCurrent(ctypes.c_void_p(self.ctx)), "cuCtxPushCurrent")
+        _cu_check(driver().cuCtxPushCurrent_v2(ctypes.c_void_p(self.ctx)), "cuCtxPushCurrent_v2")
 
     def __exit__(self, *exc):
         popped = ctypes.c_void_p()
-        driver().cuCtxPopCurrent(ctypes.byref(popped))
+        driver().cuCtxPopCurrent_v2(ctypes.byref(popped))
 
 
 class CudaKernel:

@@ -80,3 +80,17 @@ def test_the_generated_source_compiles_in_a_second_process_from_the_cache():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["0", "1"], r.stdout
+
+
+def test_every_driver_call_names_the_symbol_cuda_h_maps_it_to():
+    # A ctypes call skips cuda.h's #define cuX cuX_v2: calling the legacy cuCtxPushCurrent failed on
+    # the GPU. Every cu* name dualcast.cuda calls must be one cuda.h does not rename.
+    import re
+    header = os.path.join(cuda.cuda_home(), "include", "cuda.h")
+    renamed = dict(re.findall(r"^\s*#\s*define\s+(cu[A-Za-z0-9]+)\s+(cu[A-Za-z0-9_]+)\s*$",
+                              open(header).read(), re.M))
+    source = open(cuda.__file__).read()
+    called = set(re.findall(r"\.(cu[A-Z][A-Za-z0-9_]*)\(", source))
+    assert "cuLaunchKernel" in called and "cuCtxPushCurrent_v2" in called, sorted(called)
+    stale = sorted(name for name in called if name in renamed)
+    assert not stale, "call %s instead" % ", ".join("%s as %s" % (n, renamed[n]) for n in stale)
