@@ -50,7 +50,9 @@ options:
   --compute-first      with --bench and N > 1: time the step captured before the data-parallel
                        layer exists (the communicator is up, no collective has run), as well as
                        the usual compute-only step after (does a rank's compute depend on the
-                       collectives, buffers or hooks that came with DataParallel?)
+                       collectives, buffers or hooks that came with DataParallel?); that same
+                       graph is timed again once DataParallel exists and after the data-parallel
+                       step ran (is the slowdown the graph or the device's state?)
   --train-steps N      character-LM steps (default 0: none)
   --lr X               Adam's learning rate for --train-steps (default 2e-3)
   --bucket-mib X       gradient bucket size in MiB (default 4: one gate weight matrix per bucket,
@@ -146,7 +148,8 @@ json bench(const Options& o, const hmlstm::NetworkConfig& global, dcexp::DataPar
   std::unique_ptr<dualcast::dist::DataParallel> ddp;
   const Tensor tokens = random_tokens(local.seq, local.batch, group.device, 11 + static_cast<std::uint64_t>(group.rank()));
   auto none = [](int) {};
-  json first = nullptr;
+  json first = nullptr, first_again = nullptr;
+  dualcast::Graph g0;  // --compute-first: the step captured before DataParallel exists
   if (o.compute_first) {
     // Before DataParallel exists: no broadcast, no bucket, no hook, no collective yet. One eager
     // step first, so that the capture meets no first-time work.
@@ -158,7 +161,6 @@ json bench(const Options& o, const hmlstm::NetworkConfig& global, dcexp::DataPar
       opt.step();
     };
     plain();
-    dualcast::Graph g0;
     g0.capture(group.device, plain);
     const dcexp::StepTimes t = dcexp::time_steps(group.device, none, [&](int) { g0.replay(); }, o.warmup, o.reps);
     first = dcexp::summary_json(t.primary());
@@ -167,6 +169,18 @@ json bench(const Options& o, const hmlstm::NetworkConfig& global, dcexp::DataPar
   }
   if (group.size() > 1) ddp = std::make_unique<dualcast::dist::DataParallel>(
         *group.comm, net.params(), dualcast::dist::DataParallelOptions::with_bucket_mib(o.bucket_mib));
+  // On the CPU a Graph replays its lambda, whose backward would now reach DataParallel's hooks.
+  auto replay_first = [&](int) {
+    ddp->set_sync(false);
+    g0.replay();
+    ddp->set_sync(true);
+  };
+  if (o.compute_first) {
+    const dcexp::StepTimes t = dcexp::time_steps(group.device, none, replay_first, o.warmup, o.reps);
+    first_again = dcexp::summary_json(t.primary());
+    std::printf("%-10s %10d %12.3f %12.3f   (the same graph, replayed once DataParallel exists)\n", "local",
+                group.size(), t.primary().median, t.primary().p90);
+  }
   auto step = [&] {
     opt.zero_grad();
     Var loss = net.loss(tokens);
@@ -202,7 +216,14 @@ json bench(const Options& o, const hmlstm::NetworkConfig& global, dcexp::DataPar
   if (ddp) {
     // The captured step's parts: the same step captured without the gradient average.
     capture_local();
-    if (!first.is_null()) r["compute_only_before_data_parallel_ms"] = first;
+    if (!first.is_null()) {
+      r["compute_only_before_data_parallel_ms"] = first;
+      r["compute_only_before_replayed_with_data_parallel_ms"] = first_again;
+      const dcexp::StepTimes t = dcexp::time_steps(group.device, none, replay_first, o.warmup, o.reps);
+      r["compute_only_before_replayed_last_ms"] = dcexp::summary_json(t.primary());
+      std::printf("%-10s %10d %12.3f %12.3f   (the same graph, replayed after the data-parallel step ran)\n",
+                  "local", group.size(), t.primary().median, t.primary().p90);
+    }
     r["data_parallel"] = dcexp::time_data_parallel_parts(group.device, [&] { local_graph.replay(); }, *ddp,
                                                          net.params(), captured.primary().median, o.warmup, o.reps);
   }
