@@ -115,8 +115,9 @@ def _make_pointwise(a, cell=None):
     return pointwise
 
 
-# The same two cells (hmlstm.cell_a, cell_b) as C++ bodies for dualcast.torch.elementwise: each one
-# fused kernel writing the outputs and their partials, the backward gradient x partial in PyTorch.
+# The same two cells (hmlstm.cell_a, cell_b) as C++ bodies for dualcast.torch.elementwise: a fused
+# forward kernel writing the outputs and a fused gradient kernel that evaluates the cell again (the
+# recompute policy, dualcast's default), as the native mixed mode does.
 DUALCAST_CELL_A = """
     if (z == 1) return sigmoid(i) * tanh(g);
     if (zb == 0) return c;

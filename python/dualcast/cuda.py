@@ -211,12 +211,12 @@ class CudaKernel:
                 _cu_check(cu.cuModuleGetFunction(ctypes.byref(f), self._module, b"dualcast_jit_kernel%d" % bits),
                           "cuModuleGetFunction")
                 self._fn[bits] = f
-        k, m, nin = max(spec.k, 1), spec.outputs, len(spec.inputs)
+        nin, nout, npart = spec.n_in, spec.n_out, max(spec.n_partials, 1)
 
         class Args(ctypes.Structure):  # jit._CUDA_KERNEL's Args, field for field
             _fields_ = [("n", ctypes.c_int64), ("ndim", ctypes.c_int64), ("shape", ctypes.c_int64 * jit.MAX_DIMS),
                         ("in_", ctypes.c_void_p * nin), ("in_strides", ctypes.c_int64 * (nin * jit.MAX_DIMS)),
-                        ("out", ctypes.c_void_p * m), ("partials", ctypes.c_void_p * (m * k))]
+                        ("out", ctypes.c_void_p * nout), ("partials", ctypes.c_void_p * npart)]
         self._Args = Args
 
     def run(self, stream, shape, inputs, in_strides, outputs, partials):
@@ -240,7 +240,7 @@ class CudaKernel:
             for d, x in enumerate(st):
                 a.in_strides[i * jit.MAX_DIMS + d] = x
         for i, p in enumerate(outputs):
-            a.out[i] = p
+            a.out[i] = p or None
         for i, p in enumerate(partials):
             a.partials[i] = p or None
         blocks = min((n + THREADS - 1) // THREADS, self.sms * 16)

@@ -8,8 +8,10 @@ and math headers as the C++ library's (include/dualcast/dual.hpp, math.hpp) give
 comparisons, sigmoid, tanh, exp, log, ... over duals and numbers.
 
 One compiled kernel evaluates the body at every element of the inputs' broadcast shape and writes
-each output's value and its K partials: the forward-mode half of dualcast's mixed mode. The reverse
-half (gradient x partial, summed back to each input's shape) belongs to the caller (dualcast.torch).
+each output's value and (where wanted) its K partials: the forward-mode half of dualcast's mixed
+mode. Spec.gradient() is the recompute policy's backward: a kernel that evaluates the body again and
+writes sum_m grad_m * partial_{m,k} for each differentiated input k, so no partial is stored between
+the passes. Summing back to each input's shape belongs to the caller (dualcast.torch).
 
 CPU: the host C++ compiler ($CXX, else c++) builds a shared library, loaded with ctypes. Compiled
 kernels are cached in memory and on disk ($DUALCAST_CACHE_DIR, else $XDG_CACHE_HOME/dualcast/jit or
@@ -36,7 +38,7 @@ DTYPES = {"float32": "float", "float64": "double"}
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Names an input cannot take: the generated code's own, C++'s keywords and alternative tokens, and
 # the C library's macros a body could meet.
-_RESERVED = set("""T D K M NIN MAXDIM Out Outs Ret dualcast std user_body out_at Args tile run
+_RESERVED = set("""T D K M NIN NOUT NPART OUTP MAXDIM Out Outs Ret dualcast std user_body out_at Args tile run
     alignas alignof and and_eq asm auto bitand bitor bool break case catch char char8_t char16_t char32_t
     class compl concept const consteval constexpr constinit const_cast continue co_await co_return
     co_yield decltype default delete do double dynamic_cast else enum explicit export extern false float
@@ -86,19 +88,76 @@ class Spec:
     def k(self):
         return len(self.differentiable)
 
+    # What a launch passes (launch_shape checks it): arrays read through strides, contiguous arrays
+    # written, partial buffers written (M x K; null where not wanted).
+    gradient_kernel = False
+
+    @property
+    def n_in(self):
+        return len(self.inputs)
+
+    @property
+    def n_out(self):
+        return self.outputs
+
+    @property
+    def n_partials(self):
+        return self.outputs * max(self.k, 1)
+
+    def gradient(self):
+        """The recompute-policy backward of this function: a kernel that reads the inputs and the M
+        output gradients and writes, for each differentiated input k, sum_m grad_m * d out_m/d x_k
+        (the C++ library's Partials::recompute: no partial is stored between the passes)."""
+        return GradientSpec(self)
+
     def source(self, dtype, target="cpu"):
         """The translation unit for dtype ('float32' or 'float64') and target ('cpu': the host
         compiler's, entry dualcast_jit_run; 'cuda': NVRTC's, kernels dualcast_jit_kernel32/64)."""
         if dtype not in DTYPES:
             raise TypeError("dualcast.elementwise: dtype %s is not supported (float32, float64)" % dtype)
+        nin = len(self.inputs)
         fields = dict(
-            T=DTYPES[dtype], K=max(self.k, 1), M=self.outputs, NIN=len(self.inputs), ABI=ABI_VERSION,
-            MAXDIM=MAX_DIMS, params=", ".join(("D " if n in self.differentiable else "T ") + n for n in self.inputs),
-            args=", ".join("x%d" % i for i in range(len(self.inputs))), body_file=BODY_FILE, body=self.body)
+            T=DTYPES[dtype], K=max(self.k, 1), M=self.outputs, NIN=self.n_in, NOUT=self.n_out,
+            NPART=max(self.n_partials, 1), ABI=ABI_VERSION, MAXDIM=MAX_DIMS,
+            params=", ".join(("D " if n in self.differentiable else "T ") + n for n in self.inputs),
+            args=", ".join("x%d" % i for i in range(nin)), body_file=BODY_FILE, body=self.body)
         kernel = {"cpu": _CPU_KERNEL, "cuda": _CUDA_KERNEL}[target]
+        store = _GRADIENT_STORES if self.gradient_kernel else _VALUE_STORES
         for name, where in (("loads", target), ("tile_loads", "tile")):  # (the CUDA kernel has no tiles)
-            fields[name] = "\n".join(_load_line(i, n, self.differentiable, where) for i, n in enumerate(self.inputs))
+            lines = [_load_line(i, n, self.differentiable, where) for i, n in enumerate(self.inputs)]
+            if self.gradient_kernel:  # the output gradients follow the inputs
+                lines.append("      const T g[M] = {%s};" % ", ".join(
+                    _load_expr(nin + m, where) for m in range(self.outputs)))
+            fields[name] = "\n".join(lines)
+        for name, text in store[target].items():
+            fields[name] = text
         return (_PRELUDE + kernel).format(**fields)
+
+
+class GradientSpec(Spec):
+    """Spec.gradient(): the same body, inputs and outputs; launched with the inputs followed by the
+    M output gradients (any strides) and writing K gradients at the broadcast shape (null: not
+    wanted), no partials."""
+
+    gradient_kernel = True
+
+    def __init__(self, spec):  # pylint: disable=super-init-not-called (spec was checked when made)
+        self.body, self.inputs, self.differentiable, self.outputs = (spec.body, spec.inputs, spec.differentiable,
+                                                                     spec.outputs)
+        if not self.differentiable:
+            raise ValueError("dualcast.elementwise: no input is differentiated: there is no gradient kernel")
+
+    @property
+    def n_in(self):
+        return len(self.inputs) + self.outputs
+
+    @property
+    def n_out(self):
+        return self.k
+
+    @property
+    def n_partials(self):
+        return 0
 
 
 def _names(text, what, who):
@@ -116,11 +175,14 @@ def _names(text, what, who):
     return names
 
 
-def _load_line(i, name, differentiable, target):
+def _load_expr(i, target):
     if target == "tile":  # a lane of the gathered rows
-        load = "xs[%d][e]" % i
-    else:
-        load = "static_cast<const T*>(%s)[o[%d]]" % ("a->in[%d]" % i if target == "cpu" else "a.in[%d]" % i, i)
+        return "xs[%d][e]" % i
+    return "static_cast<const T*>(%s)[o[%d]]" % ("a->in[%d]" % i if target == "cpu" else "a.in[%d]" % i, i)
+
+
+def _load_line(i, name, differentiable, target):
+    load = _load_expr(i, target)
     if name in differentiable:
         return "      const D x%d = D::variable(%s, %d);" % (i, load, differentiable.index(name))
     return "      const T x%d = %s;" % (i, load)
@@ -139,7 +201,9 @@ namespace {{
 using T = {T};
 constexpr int K = {K};
 constexpr int M = {M};
-constexpr int NIN = {NIN};
+constexpr int NIN = {NIN};    // arrays read (the inputs; a gradient kernel's output gradients after them)
+constexpr int NOUT = {NOUT};  // contiguous arrays written (outputs; a gradient kernel's input gradients)
+constexpr int NPART = {NPART};
 constexpr int MAXDIM = {MAXDIM};
 using D = dualcast::Dual<T, K>;
 
@@ -163,6 +227,7 @@ struct Outs {{
   Out v[M];
 }};
 using Ret = std::conditional_t<M == 1, Out, Outs>;
+#define OUTP(array, i) static_cast<T*>((array)[i])
 DUALCAST_HD inline const Out& out_at(const Out& r, int) {{ return r; }}
 DUALCAST_HD inline const Out& out_at(const Outs& r, int m) {{ return r.v[m]; }}
 
@@ -213,23 +278,13 @@ __attribute__((noinline)) void tile(const Args* a, const std::int64_t* o, const 
   // Without this barrier GCC forwards the gathered values into the lane loop's first iterations and
   // then refuses to vectorise it.
   asm volatile("" : : "r"(&xs[0][0]) : "memory");
-  T r[M][1 + K][W];
+{tile_result}
   for (int e = 0; e < W; ++e) {{
 {tile_loads}
     const Ret res = user_body({args});
-    for (int m = 0; m < M; ++m) {{
-      const D& v = out_at(res, m).v;
-      r[m][0][e] = v.val;
-      for (int j = 0; j < K; ++j) r[m][1 + j][e] = v.d[j];
-    }}
+{tile_keep}
   }}
-  for (int m = 0; m < M; ++m) {{
-    T* out = static_cast<T*>(a->out[m]) + e0;
-    for (int e = 0; e < W; ++e) out[e] = r[m][0][e];
-    for (int j = 0; j < K; ++j)
-      if (T* q = static_cast<T*>(a->partials[m * K + j]))
-        for (int e = 0; e < W; ++e) q[e0 + e] = r[m][1 + j][e];
-  }}
+{tile_store}
 }}
 }}  // namespace
 
@@ -270,18 +325,62 @@ extern "C" int dualcast_jit_run(const Args* a) {{
 {loads}
       const Ret res = user_body({args});
       const std::int64_t e = r * cols + c;
-      for (int m = 0; m < M; ++m) {{
-        const D& v = out_at(res, m).v;
-        static_cast<T*>(a->out[m])[e] = v.val;
-        for (int j = 0; j < K; ++j)
-          if (a->partials[m * K + j]) static_cast<T*>(a->partials[m * K + j])[e] = v.d[j];
-      }}
+{store}
       for (int k = 0; k < NIN; ++k) o[k] += step[k];
     }}
   }}
   return 0;
 }}
 """
+
+# How a kernel keeps what the body returned. A value kernel writes each output's value and the
+# wanted partials; a gradient kernel (Spec.gradient) contracts the partials with the output
+# gradients g[M] at once and writes only the wanted input gradients: the chain rule of the C++
+# library's recompute policy. (Plain text, not format strings: they name the kernel's constexprs.)
+_VALUE_STORE = """      for (int m = 0; m < M; ++m) {
+        const D& v = out_at(res, m).v;
+        OUT(m)[e] = v.val;
+        for (int j = 0; j < K; ++j)
+          if (PART(m * K + j)) PART(m * K + j)[e] = v.d[j];
+      }"""
+_GRADIENT_STORE = """      for (int j = 0; j < K; ++j)
+        if (OUT(j)) {
+          T sum = T(0);
+          for (int m = 0; m < M; ++m) sum += g[m] * out_at(res, m).v.d[j];
+          OUT(j)[e] = sum;
+        }"""
+
+
+def _stores(store, tile_result, tile_keep, tile_store):
+    cpu = dict(store=store.replace("OUT(", "OUTP(a->out, ").replace("PART(", "OUTP(a->partials, "),
+               tile_result=tile_result, tile_keep=tile_keep, tile_store=tile_store)
+    cuda = dict(store=store.replace("OUT(", "OUTP(a.out, ").replace("PART(", "OUTP(a.partials, "),
+                tile_result="", tile_keep="", tile_store="")
+    return {"cpu": cpu, "cuda": cuda}
+
+
+_VALUE_STORES = _stores(_VALUE_STORE, "  T r[M][1 + K][W];", """\
+    for (int m = 0; m < M; ++m) {
+      const D& v = out_at(res, m).v;
+      r[m][0][e] = v.val;
+      for (int j = 0; j < K; ++j) r[m][1 + j][e] = v.d[j];
+    }""", """\
+  for (int m = 0; m < M; ++m) {
+    T* out = static_cast<T*>(a->out[m]) + e0;
+    for (int e = 0; e < W; ++e) out[e] = r[m][0][e];
+    for (int j = 0; j < K; ++j)
+      if (T* q = static_cast<T*>(a->partials[m * K + j]))
+        for (int e = 0; e < W; ++e) q[e0 + e] = r[m][1 + j][e];
+  }""")
+_GRADIENT_STORES = _stores(_GRADIENT_STORE, "  T r[K][W];", """\
+    for (int j = 0; j < K; ++j) {
+      T sum = T(0);
+      for (int m = 0; m < M; ++m) sum += g[m] * out_at(res, m).v.d[j];
+      r[j][e] = sum;
+    }""", """\
+  for (int j = 0; j < K; ++j)
+    if (T* q = static_cast<T*>(a->out[j]))
+      for (int e = 0; e < W; ++e) q[e0 + e] = r[j][e];""")
 
 # CUDA: one thread per output element (grid-stride), its input offsets from the element's index
 # (32-bit arithmetic when the call has fewer than 2^31 elements). The arguments travel by value.
@@ -292,8 +391,8 @@ struct Args {{
   std::int64_t shape[MAXDIM];
   const void* in[NIN];
   std::int64_t in_strides[NIN][MAXDIM];  // in elements
-  void* out[M];
-  void* partials[M * K];                 // null: not wanted
+  void* out[NOUT];
+  void* partials[NPART];                 // null: not wanted
 }};
 
 template <class I>
@@ -314,12 +413,7 @@ __device__ void run(const Args& a) {{
     }}
 {loads}
     const Ret res = user_body({args});
-    for (int m = 0; m < M; ++m) {{
-      const D& v = out_at(res, m).v;
-      static_cast<T*>(a.out[m])[e] = v.val;
-      for (int j = 0; j < K; ++j)
-        if (a.partials[m * K + j]) static_cast<T*>(a.partials[m * K + j])[e] = v.d[j];
-    }}
+{store}
   }}
 }}
 }}  // namespace
@@ -351,13 +445,13 @@ def coalesce(shape, in_strides):
 def launch_shape(spec, shape, inputs, in_strides, outputs, partials):
     """Checks one call's arguments against the kernel (both targets take the same ones) and returns
     the coalesced (shape, in_strides) the kernel walks."""
-    nin, kk = len(spec.inputs), max(spec.k, 1)
-    if len(inputs) != nin or len(in_strides) != nin or len(outputs) != spec.outputs:
+    nin, nout = spec.n_in, spec.n_out
+    if len(inputs) != nin or len(in_strides) != nin or len(outputs) != nout:
         raise ValueError("dualcast.jit: %d inputs, %d stride lists and %d outputs given; the kernel "
-                         "takes %d, %d and %d" % (len(inputs), len(in_strides), len(outputs), nin, nin, spec.outputs))
-    if len(partials) != spec.outputs * kk:
+                         "takes %d, %d and %d" % (len(inputs), len(in_strides), len(outputs), nin, nin, nout))
+    if len(partials) != spec.n_partials:
         raise ValueError("dualcast.jit: %d partial buffers given; the kernel writes %d"
-                         % (len(partials), spec.outputs * kk))
+                         % (len(partials), spec.n_partials))
     for st in in_strides:
         if len(st) != len(shape):
             raise ValueError("dualcast.jit: a stride list of %d entries for a %d-dimensional shape"
@@ -370,6 +464,9 @@ class _Args(ctypes.Structure):
                 ("in_", ctypes.POINTER(ctypes.c_void_p)), ("in_strides", ctypes.POINTER(ctypes.c_int64)),
                 ("out", ctypes.POINTER(ctypes.c_void_p)), ("partials", ctypes.POINTER(ctypes.c_void_p)),
                 ("threads", ctypes.c_int64)]
+
+
+_CPUS = os.cpu_count() or 1
 
 
 class Kernel:
@@ -391,15 +488,15 @@ class Kernel:
         buffers of prod(shape) elements; partials: M x K addresses or None (not wanted)."""
         s = self.spec
         shape, in_strides = launch_shape(s, shape, inputs, in_strides, outputs, partials)
-        nd, nin = len(shape), len(s.inputs)
+        nd, nin = len(shape), s.n_in
         a = _Args()
         a.ndim = nd
         a.shape = (ctypes.c_int64 * max(nd, 1))(*shape)
         a.in_ = (ctypes.c_void_p * nin)(*inputs)
         a.in_strides = (ctypes.c_int64 * max(nin * nd, 1))(*[x for st in in_strides for x in st])
-        a.out = (ctypes.c_void_p * s.outputs)(*outputs)
-        a.partials = (ctypes.c_void_p * len(partials))(*[p or None for p in partials])
-        a.threads = threads if threads > 0 else (os.cpu_count() or 1)
+        a.out = (ctypes.c_void_p * s.n_out)(*[p or None for p in outputs])
+        a.partials = (ctypes.c_void_p * max(len(partials), 1))(*[p or None for p in partials])
+        a.threads = threads if threads > 0 else _CPUS
         rc = self._run(ctypes.byref(a))
         if rc != 0:
             raise RuntimeError("dualcast.jit: the kernel returned %d" % rc)

@@ -10,17 +10,23 @@
     c_new.sum().backward()              # gradients for c, f, i, g
 
 The forward pass is one compiled kernel (dualcast.jit on the CPU, dualcast.cuda on a GPU) that
-evaluates the body on dual numbers and writes the outputs and their partials; the backward multiplies
-the incoming gradients by the partials and sums them back to each input's shape (what the C++
-library's tape does). It is a torch.autograd.Function; float32 and float64. On a GPU the kernel runs
-on PyTorch's current stream and never synchronises.
+evaluates the body on dual numbers. With partials="recompute" (the default, as the C++ library's
+Partials::recompute) it writes only the outputs, and the backward is a second fused kernel that
+evaluates the body again and writes each differentiated input's gradient, sum_m grad_m * partial:
+the bytes of two passes and nothing stored between them. With partials="store" the forward also
+writes the partials and the backward multiplies them by the incoming gradients with torch ops (for
+bodies too costly to evaluate twice). Either way a gradient is summed back to its input's shape. It
+is a torch.autograd.Function; float32 and float64. On a GPU the kernels run on PyTorch's current
+stream and never synchronise.
 """
 
+import contextlib
 import functools
 
 import torch
 
-from . import cuda, jit
+from . import jit, torch_library
+from .torch_library import compiled_kernel, launch, same_dtype
 
 __all__ = ["elementwise", "Elementwise"]
 
@@ -30,8 +36,15 @@ _DTYPES = {torch.float32: "float32", torch.float64: "float64"}
 class Elementwise:
     """A compiled broadcast function: call it on tensors (or numbers) named by `inputs`."""
 
-    def __init__(self, body, inputs, differentiable, outputs=1):
+    def __init__(self, body, inputs, differentiable, outputs=1, partials="recompute"):
         self.spec = jit.Spec(body, inputs, differentiable, outputs)
+        if partials not in ("recompute", "store"):
+            raise ValueError("dualcast.elementwise: partials must be 'recompute' or 'store', not %r" % (partials,))
+        self.partials = partials
+        self._gradient = self.spec.gradient() if partials == "recompute" and self.spec.k else None
+        self._kernels = {}  # (dtype, device, gradient wanted) -> the kernels a call launches
+        # Registered now, outside any torch.compile trace (which cannot run the registration).
+        self._ops = torch_library.ops_for(self.spec) if self._gradient and torch_library.available() else None
 
     def __repr__(self):
         s = self.spec
@@ -65,22 +78,47 @@ class Elementwise:
             else:
                 raise TypeError("%s: dtype %s is not supported yet (float32, float64)" % (who, dtype))
         shapes = [tuple(a.shape) if isinstance(a, torch.Tensor) else () for a in args]
-        try:
-            shape = torch.broadcast_shapes(*shapes)
-        except RuntimeError:
+        shape = _broadcast(shapes)
+        if shape is None:
             raise ValueError("%s: the inputs' shapes do not broadcast: %s" % (
-                who, ", ".join("%s %s" % (n, list(sh)) for n, sh in zip(s.inputs, shapes)))) from None
+                who, ", ".join("%s %s" % (n, list(sh)) for n, sh in zip(s.inputs, shapes))))
         if len(shape) > jit.MAX_DIMS:
             raise ValueError("%s: a %d-dimensional broadcast shape %s; at most %d" % (who, len(shape), list(shape),
                                                                                     jit.MAX_DIMS))
-        if device.type == "cuda":
-            with torch.cuda.device(device):  # outputs, partials and the launch on the inputs' GPU
-                kernel = cuda.compile_kernel(s, _DTYPES[dtype], torch.cuda.current_device())
-                outs = _Function.apply(kernel, tuple(shape), dtype, device, *args)
-        else:
-            kernel = jit.compile_kernel(s, _DTYPES[dtype])
-            outs = _Function.apply(kernel, tuple(shape), dtype, device, *args)
+        if self._ops is not None and _compiling():
+            # torch.compile is tracing: the custom ops (one graph node each, shapes from their fakes).
+            xs = [a if isinstance(a, torch.Tensor) else torch.full((), a, dtype=dtype, device=device) for a in args]
+            outs = self._ops[0](xs, _DTYPES[dtype])
+            return outs[0] if s.outputs == 1 else tuple(outs)
+        wants_grad = torch.is_grad_enabled() and any(
+            isinstance(a, torch.Tensor) and a.requires_grad for n, a in zip(s.inputs, args) if n in s.differentiable)
+        key = (dtype, device, wants_grad)
+        kernels = self._kernels.get(key)
+        if kernels is None:
+            name = _DTYPES[dtype]
+            kernels = self._kernels[key] = (
+                compiled_kernel(s, name, device),
+                compiled_kernel(self._gradient, name, device) if self._gradient and wants_grad else None,
+                wants_grad and not self._gradient)
+        other_gpu = device.type == "cuda" and device.index != torch.cuda.current_device()
+        with torch.cuda.device(device) if other_gpu else contextlib.nullcontext():
+            # (on another GPU than the current one: outputs, gradients and launches on the inputs')
+            outs = _Function.apply(kernels, shape, dtype, device, *args)
         return outs[0] if s.outputs == 1 else outs
+
+
+def _broadcast(shapes):
+    """The broadcast of the shapes as PyTorch's (None if they do not broadcast); plain Python: the
+    library call costs more than the rest of a small call."""
+    out = [1] * max(len(sh) for sh in shapes)
+    for sh in shapes:
+        for d, size in enumerate(sh, len(out) - len(sh)):
+            if size != 1:
+                if out[d] == 1:
+                    out[d] = size
+                elif out[d] != size:
+                    return None
+    return tuple(out)
 
 
 def _result_dtype(tensors):
@@ -99,58 +137,90 @@ def _result_dtype(tensors):
     return dtype
 
 
-def elementwise(body, inputs, differentiable, outputs=1):
+def elementwise(body, inputs, differentiable, outputs=1, partials="recompute"):
     """The body of a broadcast function as C++ source, its inputs and the differentiated ones (space-
     separated names) and its number of outputs: a callable on tensors (dualcast.jit says what the
-    body may use)."""
-    return Elementwise(body, inputs, differentiable, outputs)
+    body may use). partials: "recompute" (a fused gradient kernel evaluates the body again) or
+    "store" (the forward writes the partials for the backward)."""
+    return Elementwise(body, inputs, differentiable, outputs, partials)
+
+
+def _compiling():
+    compiler = getattr(torch, "compiler", None)
+    if compiler is not None and hasattr(compiler, "is_compiling"):
+        return compiler.is_compiling()
+    return False
+
+
+def _kernel_args(args, dtype, device):
+    """The inputs as tensors of the kernel's dtype (read through their own strides: no expand). A
+    number becomes a 0-dim tensor by a fill, not a copy from the host: no synchronisation, and it
+    can be captured in a CUDA graph."""
+    return same_dtype([a if isinstance(a, torch.Tensor) else torch.full((), a, dtype=dtype, device=device)
+                       for a in args], dtype)
 
 
 class _Function(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, kernel, shape, dtype, device, *args):
-        s = kernel.spec
-        xs = []
-        for a in args:
-            t = a if isinstance(a, torch.Tensor) else torch.tensor(a, dtype=dtype, device=device)
-            xs.append(t.detach().to(dtype).expand(shape))
+    def forward(ctx, kernels, shape, dtype, device, *args):
+        # kernels: the value kernel, the gradient kernel (recompute, when a gradient is wanted) and
+        # whether to store the partials instead (store, when a gradient is wanted).
+        value, gradient, store = kernels
+        s = value.spec
+        xs = _kernel_args(args, dtype, device)
         outs = [torch.empty(shape, dtype=dtype, device=device) for _ in range(s.outputs)]
         kk = max(s.k, 1)
         wanted = [i for i, n in enumerate(s.inputs) if n in s.differentiable and
                   isinstance(args[i], torch.Tensor) and args[i].requires_grad]
         wanted_k = {s.differentiable.index(s.inputs[i]) for i in wanted}
-        parts = [torch.empty(shape, dtype=dtype, device=device) if (j in wanted_k and s.k > 0) else None
+        parts = [torch.empty(shape, dtype=dtype, device=device) if (store and j in wanted_k) else None
                  for _ in range(s.outputs) for j in range(kk)]
-        launch = (list(shape), [x.data_ptr() for x in xs], [list(x.stride()) for x in xs],
-                  [o.data_ptr() for o in outs], [p.data_ptr() if p is not None else 0 for p in parts])
-        if device.type == "cuda":
-            kernel.run(torch.cuda.current_stream(device).cuda_stream, *launch)
-        else:
-            kernel.run(*launch)
-        ctx.spec = s
+        launch(value, device, shape, xs, outs, parts)
+        ctx.kernels, ctx.shape, ctx.dtype, ctx.device = kernels, shape, dtype, device
         ctx.input_shapes = [tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in args]
         ctx.input_dtypes = [a.dtype if isinstance(a, torch.Tensor) else None for a in args]
         ctx.wanted = wanted
-        ctx.save_for_backward(*[p for p in parts if p is not None])
-        ctx.layout = [p is not None for p in parts]
+        if not wanted:
+            pass
+        elif store:
+            ctx.save_for_backward(*[p for p in parts if p is not None])
+            ctx.layout = [p is not None for p in parts]
+        else:  # the inputs themselves, so that PyTorch refuses a backward after one changed in place
+            ctx.numbers = [None if isinstance(a, torch.Tensor) else a for a in args]
+            ctx.save_for_backward(*[a for a in args if isinstance(a, torch.Tensor)])
         return tuple(outs)
 
     @staticmethod
     @torch.autograd.function.once_differentiable  # the partials are values: no second derivative
     def backward(ctx, *grad_outs):
-        s = ctx.spec
-        kk = max(s.k, 1)
-        saved = iter(ctx.saved_tensors)
-        parts = [next(saved) if present else None for present in ctx.layout]
+        value, gradient, _ = ctx.kernels
+        s = value.spec
         grads = [None] * len(s.inputs)
+        if not ctx.wanted:
+            return (None, None, None, None) + tuple(grads)
+        if gradient is not None:
+            saved = iter(ctx.saved_tensors)
+            args = [next(saved) if n is None else n for n in ctx.numbers]
+            xs = _kernel_args(args, ctx.dtype, ctx.device)
+            zero = torch.zeros((), dtype=ctx.dtype, device=ctx.device)
+            gs = same_dtype([go if go is not None else zero for go in grad_outs], ctx.dtype)
+            full = [None] * s.k
+            for i in ctx.wanted:
+                full[s.differentiable.index(s.inputs[i])] = torch.empty(ctx.shape, dtype=ctx.dtype, device=ctx.device)
+            launch(gradient, ctx.device, ctx.shape, xs + gs, full, [])
+            for i in ctx.wanted:
+                grads[i] = full[s.differentiable.index(s.inputs[i])]
+        else:
+            kk = max(s.k, 1)
+            saved = iter(ctx.saved_tensors)
+            parts = [next(saved) if present else None for present in ctx.layout]
+            for i in ctx.wanted:
+                j = s.differentiable.index(s.inputs[i])
+                for m, go in enumerate(grad_outs):
+                    if go is not None:
+                        term = go * parts[m * kk + j]
+                        grads[i] = term if grads[i] is None else grads[i] + term
         for i in ctx.wanted:
-            j = s.differentiable.index(s.inputs[i])
-            g = None
-            for m, go in enumerate(grad_outs):
-                if go is None:
-                    continue
-                term = go * parts[m * kk + j]
-                g = term if g is None else g + term
-            if g is not None:
-                grads[i] = g.sum_to_size(ctx.input_shapes[i]).to(ctx.input_dtypes[i])
+            if grads[i] is not None:
+                grads[i] = grads[i].sum_to_size(ctx.input_shapes[i]).to(ctx.input_dtypes[i])
         return (None, None, None, None) + tuple(grads)

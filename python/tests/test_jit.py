@@ -87,6 +87,20 @@ def run(kernel, out_shape, inputs, typecode="d"):
     return [list(o.a) for o in outs], [list(p.a) for p in parts]
 
 
+def run_gradient(kernel, out_shape, inputs, grads, wanted=None, typecode="d"):
+    """A gradient kernel (Spec.gradient) on inputs and output gradients, each (shape, values);
+    returns the K input gradients at out_shape (None where not wanted; the rest poisoned first)."""
+    s = kernel.spec
+    n = numel(out_shape)
+    bufs = [Buf(v, typecode) for _, v in list(inputs) + list(grads)]
+    wanted = range(s.k) if wanted is None else wanted
+    outs = [Buf([math.nan] * n, typecode) if j in wanted else None for j in range(s.k)]
+    kernel.run(list(out_shape), [b.ptr for b in bufs],
+               [broadcast_strides(sh, out_shape) for sh, _ in list(inputs) + list(grads)],
+               [o.ptr if o else 0 for o in outs], [])
+    return [list(o.a) if o else None for o in outs]
+
+
 def cell_inputs(rng, out_shape, shapes):
     vals = []
     for name, sh in zip("z zb c f i g".split(), shapes):
@@ -193,6 +207,56 @@ def test_float32_agrees_with_float64_on_odd_sizes_and_the_threaded_path():
             assert close(o32[0][e], o64[0][e], F32_RTOL), (out_shape, e, o32[0][e], o64[0][e])
             for j in range(4):
                 assert close(p32[j][e], p64[j][e], F32_RTOL), (out_shape, "partial", j, e)
+
+
+def test_the_gradient_kernel_contracts_the_partials_with_the_output_gradients():
+    # Spec.gradient() recomputes the partials and writes sum_m g_m * d out_m / d x_k: equal to the
+    # value kernel's partials times the gradients, on every broadcast pattern, with gradients that
+    # are full, broadcast rows or one number (stride 0, as torch's sum().backward() passes them).
+    spec = jit.Spec(CELL, "z zb c f i g", "c f i g")
+    value, grad = jit.compile_kernel(spec, "float64"), jit.compile_kernel(spec.gradient(), "float64")
+    rng = random.Random(11)
+    for pattern, shapes in PATTERNS.items():
+        ins = cell_inputs(rng, OUT, shapes)
+        _, parts = run(value, OUT, ins)
+        for gshape in (OUT, (1, 37), ()):
+            g = [rng.uniform(-1, 1) for _ in range(numel(gshape))]
+            got = run_gradient(grad, OUT, ins, [(gshape, g)])
+            for e in range(numel(OUT)):
+                ge = g[index_of(e, OUT, broadcast_strides(gshape, OUT))]
+                for j in range(4):
+                    assert close(got[j][e], ge * parts[j][e], VALUE_RTOL_F64), (pattern, gshape, j, e)
+
+
+def test_the_gradient_kernel_sums_over_several_outputs_and_skips_unwanted_inputs():
+    body = "return {a * b, sin(a) + exp(b)};"
+    spec = jit.Spec(body, "a b", "a b", outputs=2)
+    for dtype, typecode, rtol in (("float64", "d", VALUE_RTOL_F64), ("float32", "f", F32_RTOL)):
+        k = jit.compile_kernel(spec.gradient(), dtype)
+        rng = random.Random(12)
+        n = 1001  # tiles, a partial tile and the threaded path's rows
+        a = [rng.uniform(-2, 2) for _ in range(n)]
+        b = [rng.uniform(-2, 2) for _ in range(n)]
+        g0 = [rng.uniform(-1, 1) for _ in range(n)]
+        g1 = [rng.uniform(-1, 1) for _ in range(n)]
+        ins = [((n,), list(array.array(typecode, v))) for v in (a, b)]
+        gs = [((n,), list(array.array(typecode, v))) for v in (g0, g1)]
+        (ga, gb) = run_gradient(k, (n,), ins, gs, typecode=typecode)
+        only_b = run_gradient(k, (n,), ins, gs, wanted=[1], typecode=typecode)
+        assert only_b[0] is None and only_b[1] == gb
+        for e in range(n):
+            x, y, u, v = ins[0][1][e], ins[1][1][e], gs[0][1][e], gs[1][1][e]
+            assert close(ga[e], u * y + v * math.cos(x), rtol), (dtype, e, ga[e])
+            assert close(gb[e], u * x + v * math.exp(y), rtol), (dtype, e, gb[e])
+
+
+def test_a_function_without_differentiated_inputs_has_no_gradient_kernel():
+    try:
+        jit.Spec("return x * 2;", "x", "").gradient()
+    except ValueError as e:
+        assert "no input is differentiated" in str(e), e
+    else:
+        raise AssertionError("a gradient kernel of nothing")
 
 
 def test_an_empty_shape_writes_nothing():

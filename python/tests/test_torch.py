@@ -50,26 +50,31 @@ SHAPES = [
 ]
 
 
+POLICIES = ("recompute", "store")  # a fused gradient kernel; partials stored by the forward
+
+
 def test_gradcheck_in_float64_on_every_broadcast_pattern():
-    cell = elementwise(CELL_SRC, inputs="z zb c f i g", differentiable="c f i g")
-    for shapes in SHAPES:
-        args = inputs(shapes, torch.float64, seed=1)
-        assert torch.autograd.gradcheck(lambda *a: cell(*a), args, eps=1e-6, atol=1e-7), shapes
+    for policy in POLICIES:
+        cell = elementwise(CELL_SRC, inputs="z zb c f i g", differentiable="c f i g", partials=policy)
+        for shapes in SHAPES:
+            args = inputs(shapes, torch.float64, seed=1)
+            assert torch.autograd.gradcheck(lambda *a: cell(*a), args, eps=1e-6, atol=1e-7), (policy, shapes)
 
 
 def test_fused_equals_composed_in_float32_values_and_gradients():
-    cell = elementwise(CELL_SRC, inputs="z zb c f i g", differentiable="c f i g")
-    for shapes in SHAPES:
-        a = inputs(shapes, torch.float32, seed=2)
-        b = [t.detach().clone().requires_grad_(t.requires_grad) for t in a]
-        fused, composed = cell(*a), cell_composed(*b)
-        torch.testing.assert_close(fused, composed, rtol=F32_RTOL, atol=F32_ATOL)
-        w = torch.randn(fused.shape)
-        (fused * w).sum().backward()
-        (composed * w).sum().backward()
-        for x, y in zip(a, b):
-            if x.requires_grad:
-                torch.testing.assert_close(x.grad, y.grad, rtol=F32_RTOL, atol=F32_ATOL)
+    for policy in POLICIES:
+        cell = elementwise(CELL_SRC, inputs="z zb c f i g", differentiable="c f i g", partials=policy)
+        for shapes in SHAPES:
+            a = inputs(shapes, torch.float32, seed=2)
+            b = [t.detach().clone().requires_grad_(t.requires_grad) for t in a]
+            fused, composed = cell(*a), cell_composed(*b)
+            torch.testing.assert_close(fused, composed, rtol=F32_RTOL, atol=F32_ATOL)
+            w = torch.randn(fused.shape)
+            (fused * w).sum().backward()
+            (composed * w).sum().backward()
+            for x, y in zip(a, b):
+                if x.requires_grad:
+                    torch.testing.assert_close(x.grad, y.grad, rtol=F32_RTOL, atol=F32_ATOL)
 
 
 def test_numbers_and_inputs_without_gradients():
@@ -91,14 +96,36 @@ def test_type_promotion_over_many_tensors_follows_pytorch():
 
 
 def test_several_outputs():
-    f = elementwise("return {x * y, x - y};", inputs="x y", differentiable="x y", outputs=2)
-    x = torch.tensor([2.0, -1.0], dtype=torch.float64, requires_grad=True)
-    y = torch.tensor([[3.0], [5.0]], dtype=torch.float64, requires_grad=True)
-    p, q = f(x, y)
-    assert p.shape == (2, 2) and q.shape == (2, 2)
-    (p.sum() + 2 * q.sum()).backward()
-    assert x.grad.tolist() == [3.0 + 5.0 + 4.0, 3.0 + 5.0 + 4.0]
-    assert y.grad.tolist() == [[2.0 - 1.0 - 4.0], [2.0 - 1.0 - 4.0]]
+    for policy in POLICIES:
+        f = elementwise("return {x * y, x - y};", inputs="x y", differentiable="x y", outputs=2, partials=policy)
+        x = torch.tensor([2.0, -1.0], dtype=torch.float64, requires_grad=True)
+        y = torch.tensor([[3.0], [5.0]], dtype=torch.float64, requires_grad=True)
+        p, q = f(x, y)
+        assert p.shape == (2, 2) and q.shape == (2, 2)
+        (p.sum() + 2 * q.sum()).backward()
+        assert x.grad.tolist() == [3.0 + 5.0 + 4.0, 3.0 + 5.0 + 4.0], policy
+        assert y.grad.tolist() == [[2.0 - 1.0 - 4.0], [2.0 - 1.0 - 4.0]], policy
+        # One output unused: its gradient is None in the backward (zeros for the gradient kernel).
+        x.grad = None
+        p, q = f(x, y)
+        q.sum().backward()
+        assert x.grad.tolist() == [2.0, 2.0], policy
+
+
+def test_a_backward_after_an_input_changed_in_place_is_refused():
+    # The recompute policy evaluates the body again on the inputs: PyTorch's saved-tensor check
+    # must see them, so that a changed input is an error rather than a wrong gradient.
+    f = elementwise("return x * y;", inputs="x y", differentiable="x")
+    x = torch.ones(3, requires_grad=True)
+    y = torch.full((3,), 2.0)
+    out = f(x, y)
+    y.add_(1.0)
+    try:
+        out.sum().backward()
+    except RuntimeError as e:
+        assert "modified by an inplace operation" in str(e), str(e)
+    else:
+        raise AssertionError("a backward on a changed input ran")
 
 
 def test_bad_shapes_and_arguments_are_clear_errors():
@@ -111,6 +138,8 @@ def test_bad_shapes_and_arguments_are_clear_errors():
         (lambda: f(torch.zeros(3, dtype=torch.float16), torch.zeros(3, dtype=torch.float16)), TypeError,
          "dtype torch.float16 is not supported yet"),
         (lambda: f(torch.zeros(3, dtype=torch.complex64), torch.zeros(3)), TypeError, "complex tensors"),
+        (lambda: elementwise("return x;", inputs="x", differentiable="x", partials="keep"), ValueError,
+         "partials must be 'recompute' or 'store', not 'keep'"),
     ]
     for call, kind, want in cases:
         try:
@@ -122,6 +151,35 @@ def test_bad_shapes_and_arguments_are_clear_errors():
     assert f(torch.ones(2), torch.ones(2)).tolist() == [2.0, 2.0]  # still works afterwards
 
 
+def needs_custom_ops():
+    from dualcast import torch_library
+    if not torch_library.available():
+        from skip import Skip
+        raise Skip("PyTorch %s has no torch.library.custom_op (2.4 and later)" % torch.__version__)
+
+
+def test_torch_compile_keeps_the_function_in_one_graph_with_its_gradients():
+    # fullgraph=True: a graph break is an error. The function is the custom op (its fake gives the
+    # shapes while tracing) and its backward the gradient op; both must equal the eager results.
+    needs_custom_ops()
+    cell = elementwise(CELL_SRC, inputs="z zb c f i g", differentiable="c f i g")
+
+    def model(z, zb, c, f, i, g):
+        return (cell(z, zb, c, f, i, g) * 2.0 + 1.0).tanh()
+
+    compiled = torch.compile(model, fullgraph=True)
+    for shapes in SHAPES[:2]:
+        a = inputs(shapes, torch.float32, seed=6)
+        b = [t.detach().clone().requires_grad_(t.requires_grad) for t in a]
+        ya, yb = model(*a), compiled(*b)
+        torch.testing.assert_close(yb, ya, rtol=F32_RTOL, atol=F32_ATOL)
+        ya.sum().backward()
+        yb.sum().backward()
+        for x, y in zip(a, b):
+            if x.requires_grad:
+                torch.testing.assert_close(y.grad, x.grad, rtol=F32_RTOL, atol=F32_ATOL)
+
+
 def needs_cuda():
     if not torch.cuda.is_available():
         from skip import Skip
@@ -130,19 +188,20 @@ def needs_cuda():
 
 def test_gpu_equals_cpu_values_and_gradients():
     needs_cuda()
-    cell = elementwise(CELL_SRC, inputs="z zb c f i g", differentiable="c f i g")
-    for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 2e-6)):
-        for shapes in SHAPES:
-            a = inputs(shapes, dtype, seed=4)
-            b = [t.detach().cuda().requires_grad_(t.requires_grad) for t in a]
-            ya, yb = cell(*a), cell(*b)
-            torch.testing.assert_close(yb.cpu(), ya, rtol=tol, atol=tol)
-            w = torch.randn(ya.shape, dtype=dtype)
-            (ya * w).sum().backward()
-            (yb * w.cuda()).sum().backward()
-            for x, y in zip(a, b):
-                if x.requires_grad:
-                    torch.testing.assert_close(y.grad.cpu(), x.grad, rtol=tol, atol=tol)
+    for policy in POLICIES:
+        cell = elementwise(CELL_SRC, inputs="z zb c f i g", differentiable="c f i g", partials=policy)
+        for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 2e-6)):
+            for shapes in SHAPES:
+                a = inputs(shapes, dtype, seed=4)
+                b = [t.detach().cuda().requires_grad_(t.requires_grad) for t in a]
+                ya, yb = cell(*a), cell(*b)
+                torch.testing.assert_close(yb.cpu(), ya, rtol=tol, atol=tol)
+                w = torch.randn(ya.shape, dtype=dtype)
+                (ya * w).sum().backward()
+                (yb * w.cuda()).sum().backward()
+                for x, y in zip(a, b):
+                    if x.requires_grad:
+                        torch.testing.assert_close(y.grad.cpu(), x.grad, rtol=tol, atol=tol)
 
 
 def test_gradcheck_on_the_gpu_in_float64():
@@ -185,3 +244,30 @@ def test_a_tensor_on_another_device_is_refused():
         assert "input y is on cpu, input x on cuda:0" in str(e), str(e)
     else:
         raise AssertionError("mixed devices were accepted")
+
+
+def test_a_call_can_be_captured_in_a_cuda_graph():
+    # Nothing in a call synchronises or allocates outside PyTorch's allocator: forward and backward
+    # replay from a torch.cuda.graph with new input values.
+    needs_cuda()
+    f = elementwise("if (x > 0) return x * y + 0.5; return y - x;", inputs="x y", differentiable="x y")
+    x = torch.randn(513, 77, device="cuda", requires_grad=True)
+    y = torch.randn(77, device="cuda", requires_grad=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up: compiles and loads the kernels before the capture
+        for _ in range(2):
+            f(x, y).sum().backward()
+    torch.cuda.current_stream().wait_stream(side)
+    x.grad = y.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = f(x, y)
+        out.sum().backward()
+    with torch.no_grad():
+        x.copy_(torch.randn_like(x))
+        y.copy_(torch.randn_like(y))
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, torch.where(x > 0, x * y + 0.5, y - x))
+    torch.testing.assert_close(x.grad, torch.where(x > 0, y.expand_as(x), -torch.ones_like(x)))

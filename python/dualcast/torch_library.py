@@ -1,0 +1,118 @@
+"""dualcast.torch_library: an elementwise function as two torch.library custom ops (PyTorch >= 2.4),
+so that torch.compile keeps it as one node of its graph, without a graph break.
+
+dualcast.torch.Elementwise calls these ops only while torch.compile traces (eager calls take the
+lighter torch.autograd.Function path: a custom op's dispatch costs host time on every call). The ops:
+
+  dualcast::elementwise_<key>(Tensor[] xs, str dtype) -> Tensor[]           the outputs
+  dualcast::elementwise_<key>_grad(Tensor[] xs, Tensor[] grads, bool[] wanted, str dtype) -> Tensor[]
+                                                                           the wanted gradients
+
+<key> names the function (its body, inputs, differentiated inputs and outputs). Their fake (meta)
+implementations give the broadcast shapes without compiling or running anything, and the forward's
+autograd formula calls the gradient op: the recompute policy (dualcast.jit's Spec.gradient), so
+nothing but the inputs is saved. Both run on PyTorch's current stream and never synchronise, so a
+compiled graph that contains them can also be captured in torch.cuda.graph.
+"""
+
+import hashlib
+from typing import List
+
+import torch
+
+from . import cuda, jit
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+_ops = {}
+
+
+def available():
+    """Whether this PyTorch has torch.library.custom_op (2.4 and later)."""
+    return hasattr(torch, "library") and hasattr(torch.library, "custom_op")
+
+
+def compiled_kernel(spec, dtype_name, device):
+    """dualcast's kernel of spec for tensors of dtype_name on device (compiled or cached)."""
+    if device.type == "cuda":
+        with torch.cuda.device(device):
+            return cuda.compile_kernel(spec, dtype_name, torch.cuda.current_device())
+    return jit.compile_kernel(spec, dtype_name)
+
+
+def strides_over(t, shape):
+    """t's element strides read over the broadcast `shape` (0 where t is broadcast), without a view."""
+    sh, st = t.shape, t.stride()
+    return [0] * (len(shape) - len(sh)) + [0 if n == 1 else s for n, s in zip(sh, st)]
+
+
+def same_dtype(xs, dtype):
+    return [x if x.dtype == dtype else x.to(dtype) for x in xs]
+
+
+def launch(kernel, device, shape, inputs, outputs, partials):
+    """One kernel over the broadcast `shape`: inputs (of the kernel's dtype) through their strides,
+    contiguous outputs (None: not written)."""
+    args = (list(shape), [x.data_ptr() for x in inputs], [strides_over(x, shape) for x in inputs],
+            [o.data_ptr() if o is not None else 0 for o in outputs],
+            [p.data_ptr() if p is not None else 0 for p in partials])
+    if device.type == "cuda":
+        kernel.run(torch.cuda.current_stream(device).cuda_stream, *args)
+    else:
+        kernel.run(*args)
+
+
+def ops_for(spec):
+    """(forward op, gradient op) of a jit.Spec with differentiated inputs, registered once."""
+    key = hashlib.sha256(repr((spec.body, spec.inputs, spec.differentiable, spec.outputs)).encode()).hexdigest()[:20]
+    if key in _ops:
+        return _ops[key]
+    name = "dualcast::elementwise_" + key
+    grad_spec = spec.gradient()
+
+    @torch.library.custom_op(name, mutates_args=())
+    def forward(xs: List[torch.Tensor], dtype: str) -> List[torch.Tensor]:
+        shape = torch.broadcast_shapes(*[x.shape for x in xs])
+        device, dt = xs[0].device, DTYPES[dtype]
+        outs = [torch.empty(shape, dtype=dt, device=device) for _ in range(spec.outputs)]
+        launch(compiled_kernel(spec, dtype, device), device, shape, same_dtype(xs, dt), outs, [None] * spec.n_partials)
+        return outs
+
+    @forward.register_fake
+    def _(xs, dtype):
+        shape = torch.broadcast_shapes(*[x.shape for x in xs])
+        return [xs[0].new_empty(shape, dtype=DTYPES[dtype]) for _ in range(spec.outputs)]
+
+    @torch.library.custom_op(name + "_grad", mutates_args=())
+    def gradient(xs: List[torch.Tensor], grads: List[torch.Tensor], wanted: List[bool],
+                 dtype: str) -> List[torch.Tensor]:
+        shape = torch.broadcast_shapes(*[x.shape for x in xs])
+        device, dt = xs[0].device, DTYPES[dtype]
+        full = [torch.empty(shape, dtype=dt, device=device) if w else None for w in wanted]
+        launch(compiled_kernel(grad_spec, dtype, device), device, shape,
+               same_dtype(list(xs) + list(grads), dt), full, [])
+        return [g for g in full if g is not None]
+
+    @gradient.register_fake
+    def _(xs, grads, wanted, dtype):
+        shape = torch.broadcast_shapes(*[x.shape for x in xs])
+        return [xs[0].new_empty(shape, dtype=DTYPES[dtype]) for w in wanted if w]
+
+    def setup_context(ctx, inputs, output):
+        xs, dtype = inputs
+        ctx.save_for_backward(*xs)
+        ctx.dtype = dtype
+        ctx.wanted = [n in spec.differentiable and x.requires_grad for n, x in zip(spec.inputs, xs)]
+
+    def backward(ctx, grad_outs):
+        xs = list(ctx.saved_tensors)
+        dt = DTYPES[ctx.dtype]
+        gs = [g if g is not None else torch.zeros((), dtype=dt, device=xs[0].device) for g in grad_outs]
+        wanted_k = [w for n, w in zip(spec.inputs, ctx.wanted) if n in spec.differentiable]
+        got = iter(gradient(xs, gs, wanted_k, ctx.dtype))
+        # The wanted gradients come in the inputs' order (a Spec keeps its differentiated inputs so).
+        return [next(got).sum_to_size(x.shape).to(x.dtype) if w else None for x, w in zip(xs, ctx.wanted)], None
+
+    forward.register_autograd(backward, setup_context=setup_context)
+    _ops[key] = (forward, gradient)
+    return _ops[key]
