@@ -218,11 +218,11 @@ class CudaKernel:
                         ("in_", ctypes.c_void_p * nin), ("in_strides", ctypes.c_int64 * (nin * jit.MAX_DIMS)),
                         ("out", ctypes.c_void_p * nout), ("partials", ctypes.c_void_p * npart)]
         self._Args = Args
+        self._plans = jit.LaunchPlans(spec)
 
-    def run(self, stream, shape, inputs, in_strides, outputs, partials):
-        """As jit.Kernel.run, on device memory, queued on `stream` (a CUstream handle; 0: the legacy
-        default stream). Returns without waiting for the GPU."""
-        shape, in_strides = jit.launch_shape(self.spec, shape, inputs, in_strides, outputs, partials)
+    def _plan(self, shape, in_strides):
+        """(Args with the shape and strides filled in, blocks, entry point) of a call shape, or None
+        for an empty one."""
         nd = len(shape)
         if nd > jit.MAX_DIMS:
             raise ValueError("dualcast.elementwise: a %d-dimensional broadcast shape; at most %d" % (nd, jit.MAX_DIMS))
@@ -230,22 +230,29 @@ class CudaKernel:
         for d in shape:
             n *= d
         if n == 0:
-            return
+            return None
         a = self._Args()
         a.n, a.ndim = n, nd
         for d, size in enumerate(shape):
             a.shape[d] = size
-        for i, (p, st) in enumerate(zip(inputs, in_strides)):
-            a.in_[i] = p
+        for i, st in enumerate(in_strides):
             for d, x in enumerate(st):
                 a.in_strides[i * jit.MAX_DIMS + d] = x
-        for i, p in enumerate(outputs):
-            a.out[i] = p or None
-        for i, p in enumerate(partials):
-            a.partials[i] = p or None
         blocks = min((n + THREADS - 1) // THREADS, self.sms * 16)
+        return bytes(a), blocks, self._fn[32 if n < 2 ** 31 else 64]
+
+    def run(self, stream, shape, inputs, in_strides, outputs, partials):
+        """As jit.Kernel.run, on device memory, queued on `stream` (a CUstream handle; 0: the legacy
+        default stream). Returns without waiting for the GPU."""
+        plan = self._plans.get(shape, inputs, in_strides, outputs, partials, self._plan)
+        if plan is None:
+            return  # nothing to compute
+        template, blocks, fn = plan
+        a = self._Args.from_buffer_copy(template)  # the shape and strides; the addresses per call
+        a.in_[:] = inputs
+        a.out[:] = outputs
+        a.partials[:len(partials)] = partials
         params = (ctypes.c_void_p * 1)(ctypes.addressof(a))  # one parameter: the Args struct, by value
-        fn = self._fn[32 if n < 2 ** 31 else 64]
         with _InContext(self._ctx):
             _cu_check(driver().cuLaunchKernel(fn, blocks, 1, 1, THREADS, 1, 1, 0, ctypes.c_void_p(stream), params,
                                               None), "cuLaunchKernel of %d blocks" % blocks)

@@ -442,6 +442,26 @@ def coalesce(shape, in_strides):
     return [s for s, _ in out], [[st[k] for _, st in out] for k in range(len(in_strides))]
 
 
+class LaunchPlans:
+    """launch_shape's results by call shape: a kernel called again on tensors of the same shapes and
+    strides (every step of a model) skips the checks and the coalescing. Bounded: a kernel called
+    on ever new shapes starts over."""
+
+    LIMIT = 512
+
+    def __init__(self, spec):
+        self.spec, self._plans = spec, {}
+
+    def get(self, shape, inputs, in_strides, outputs, partials, make):
+        key = (tuple(shape), tuple(map(tuple, in_strides)), len(inputs), len(outputs), len(partials))
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) >= self.LIMIT:
+                self._plans = {}
+            plan = self._plans[key] = make(*launch_shape(self.spec, shape, inputs, in_strides, outputs, partials))
+        return plan
+
+
 def launch_shape(spec, shape, inputs, in_strides, outputs, partials):
     """Checks one call's arguments against the kernel (both targets take the same ones) and returns
     the coalesced (shape, in_strides) the kernel walks."""
@@ -481,21 +501,27 @@ class Kernel:
         self._run = self._lib.dualcast_jit_run
         self._run.argtypes = [ctypes.POINTER(_Args)]
         self._run.restype = ctypes.c_int
+        self._plans = LaunchPlans(spec)
+
+    @staticmethod
+    def _plan(shape, in_strides):
+        nd = len(shape)
+        return (nd, (ctypes.c_int64 * max(nd, 1))(*shape),
+                (ctypes.c_int64 * max(len(in_strides) * nd, 1))(*[x for st in in_strides for x in st]))
 
     def run(self, shape, inputs, in_strides, outputs, partials, threads=0):
         """shape: the broadcast shape; inputs: one address per input; in_strides: per input, its
         element strides over `shape` (0 where broadcast); outputs: M addresses of contiguous
         buffers of prod(shape) elements; partials: M x K addresses or None (not wanted)."""
         s = self.spec
-        shape, in_strides = launch_shape(s, shape, inputs, in_strides, outputs, partials)
-        nd, nin = len(shape), s.n_in
+        nd, c_shape, c_strides = self._plans.get(shape, inputs, in_strides, outputs, partials, self._plan)
         a = _Args()
         a.ndim = nd
-        a.shape = (ctypes.c_int64 * max(nd, 1))(*shape)
-        a.in_ = (ctypes.c_void_p * nin)(*inputs)
-        a.in_strides = (ctypes.c_int64 * max(nin * nd, 1))(*[x for st in in_strides for x in st])
-        a.out = (ctypes.c_void_p * s.n_out)(*[p or None for p in outputs])
-        a.partials = (ctypes.c_void_p * max(len(partials), 1))(*[p or None for p in partials])
+        a.shape = c_shape
+        a.in_ = (ctypes.c_void_p * s.n_in)(*inputs)
+        a.in_strides = c_strides
+        a.out = (ctypes.c_void_p * s.n_out)(*outputs)
+        a.partials = (ctypes.c_void_p * max(len(partials), 1))(*partials)
         a.threads = threads if threads > 0 else _CPUS
         rc = self._run(ctypes.byref(a))
         if rc != 0:
