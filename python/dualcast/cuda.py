@@ -214,15 +214,16 @@ class CudaKernel:
         nin, nout, npart = spec.n_in, spec.n_out, max(spec.n_partials, 1)
 
         class Args(ctypes.Structure):  # jit._CUDA_KERNEL's Args, field for field
-            _fields_ = [("n", ctypes.c_int64), ("ndim", ctypes.c_int64), ("shape", ctypes.c_int64 * jit.MAX_DIMS),
+            _fields_ = [("n", ctypes.c_int64), ("ndim", ctypes.c_int64), ("rowwise", ctypes.c_int64),
+                        ("shape", ctypes.c_int64 * jit.MAX_DIMS),
                         ("in_", ctypes.c_void_p * nin), ("in_strides", ctypes.c_int64 * (nin * jit.MAX_DIMS)),
                         ("out", ctypes.c_void_p * nout), ("partials", ctypes.c_void_p * npart)]
         self._Args = Args
         self._plans = jit.LaunchPlans(spec)
 
     def _plan(self, shape, in_strides):
-        """(Args with the shape and strides filled in, blocks, entry point) of a call shape, or None
-        for an empty one."""
+        """(Args with the shape and strides filled in, grid, entry point) of a call shape, or None for
+        an empty one."""
         nd = len(shape)
         if nd > jit.MAX_DIMS:
             raise ValueError("dualcast.elementwise: a %d-dimensional broadcast shape; at most %d" % (nd, jit.MAX_DIMS))
@@ -238,8 +239,15 @@ class CudaKernel:
         for i, st in enumerate(in_strides):
             for d, x in enumerate(st):
                 a.in_strides[i * jit.MAX_DIMS + d] = x
-        blocks = min((n + THREADS - 1) // THREADS, self.sms * 16)
-        return bytes(a), blocks, self._fn[32 if n < 2 ** 31 else 64]
+        cap = self.sms * 16  # blocks: enough to fill the GPU, each then loops
+        cols = shape[-1] if nd else 1
+        if nd >= 2 and cols >= THREADS // 2:  # rows of at least half a block: the rowwise walk
+            a.rowwise = 1
+            gx = min((cols + THREADS - 1) // THREADS, cap)
+            grid = (gx, min(n // cols, max(1, cap // gx), 65535))
+        else:
+            grid = (min((n + THREADS - 1) // THREADS, cap), 1)
+        return bytes(a), grid, self._fn[32 if n < 2 ** 31 else 64]
 
     def run(self, stream, shape, inputs, in_strides, outputs, partials):
         """As jit.Kernel.run, on device memory, queued on `stream` (a CUstream handle; 0: the legacy
@@ -247,15 +255,15 @@ class CudaKernel:
         plan = self._plans.get(shape, inputs, in_strides, outputs, partials, self._plan)
         if plan is None:
             return  # nothing to compute
-        template, blocks, fn = plan
+        template, grid, fn = plan
         a = self._Args.from_buffer_copy(template)  # the shape and strides; the addresses per call
         a.in_[:] = inputs
         a.out[:] = outputs
         a.partials[:len(partials)] = partials
         params = (ctypes.c_void_p * 1)(ctypes.addressof(a))  # one parameter: the Args struct, by value
         with _InContext(self._ctx):
-            _cu_check(driver().cuLaunchKernel(fn, blocks, 1, 1, THREADS, 1, 1, 0, ctypes.c_void_p(stream), params,
-                                              None), "cuLaunchKernel of %d blocks" % blocks)
+            _cu_check(driver().cuLaunchKernel(fn, grid[0], grid[1], 1, THREADS, 1, 1, 0, ctypes.c_void_p(stream),
+                                              params, None), "cuLaunchKernel of %d x %d blocks" % grid)
 
 
 _kernels = {}

@@ -382,12 +382,16 @@ _GRADIENT_STORES = _stores(_GRADIENT_STORE, "  T r[K][W];", """\
     if (T* q = static_cast<T*>(a->out[j]))
       for (int e = 0; e < W; ++e) q[e0 + e] = r[j][e];""")
 
-# CUDA: one thread per output element (grid-stride), its input offsets from the element's index
-# (32-bit arithmetic when the call has fewer than 2^31 elements). The arguments travel by value.
+# CUDA: one thread per output element, grid-stride. A call of rows long enough to fill a block
+# (rowwise) walks rows (every dimension but the last) over blockIdx.y and each row's elements over x:
+# a row's input offsets come from one index decomposition and its elements add the last stride, so
+# no element divides. Otherwise one flat walk: no index arithmetic when the call coalesced to one
+# dimension, else the element's offsets from its index. 32-bit indices when the call has fewer than
+# 2^31 elements. The arguments travel by value.
 _CUDA_KERNEL = r"""
 namespace {{
 struct Args {{
-  std::int64_t n, ndim;
+  std::int64_t n, ndim, rowwise;
   std::int64_t shape[MAXDIM];
   const void* in[NIN];
   std::int64_t in_strides[NIN][MAXDIM];  // in elements
@@ -396,24 +400,50 @@ struct Args {{
 }};
 
 template <class I>
+__device__ __forceinline__ void element(const Args& a, const std::int64_t (&o)[NIN], I e) {{
+{loads}
+    const Ret res = user_body({args});
+{store}
+}}
+
+template <class I>
 __device__ void run(const Args& a) {{
+  const int nd = static_cast<int>(a.ndim);
+  if (a.rowwise) {{
+    const I cols = static_cast<I>(a.shape[nd - 1]);
+    const I rows = static_cast<I>(a.n) / cols;
+    for (I r = blockIdx.y; r < rows; r += gridDim.y) {{
+      std::int64_t base[NIN] = {{}};
+      I rest = r;
+      for (int d = nd - 2; d >= 0; --d) {{
+        const I size = static_cast<I>(a.shape[d]);
+        const I i = rest % size;
+        rest /= size;
+        for (int k = 0; k < NIN; ++k) base[k] += static_cast<std::int64_t>(i) * a.in_strides[k][d];
+      }}
+      for (I c = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; c < cols; c += static_cast<I>(gridDim.x) * blockDim.x) {{
+        std::int64_t o[NIN];
+        for (int k = 0; k < NIN; ++k) o[k] = base[k] + static_cast<std::int64_t>(c) * a.in_strides[k][nd - 1];
+        element<I>(a, o, r * cols + c);
+      }}
+    }}
+    return;
+  }}
   const I n = static_cast<I>(a.n);
   for (I e = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += static_cast<I>(gridDim.x) * blockDim.x) {{
     std::int64_t o[NIN] = {{}};
-    if (a.ndim == 1) {{  // coalesced (coalesce() in jit.py): no index arithmetic
+    if (nd == 1) {{  // coalesced (coalesce() in jit.py): no index arithmetic
       for (int k = 0; k < NIN; ++k) o[k] = static_cast<std::int64_t>(e) * a.in_strides[k][0];
     }} else {{
       I rest = e;
-      for (int d = static_cast<int>(a.ndim) - 1; d >= 0; --d) {{
+      for (int d = nd - 1; d >= 0; --d) {{
         const I size = static_cast<I>(a.shape[d]);
         const I i = rest % size;
         rest /= size;
         for (int k = 0; k < NIN; ++k) o[k] += static_cast<std::int64_t>(i) * a.in_strides[k][d];
       }}
     }}
-{loads}
-    const Ret res = user_body({args});
-{store}
+    element<I>(a, o, e);
   }}
 }}
 }}  // namespace

@@ -204,6 +204,26 @@ def test_gpu_equals_cpu_values_and_gradients():
                         torch.testing.assert_close(y.grad.cpu(), x.grad, rtol=tol, atol=tol)
 
 
+def test_gpu_equals_cpu_on_long_rows_of_three_dimensional_broadcasts():
+    # Rows of at least half a block take the GPU kernel's rowwise walk (offsets per row, then the
+    # last stride per element); 3-D broadcasts keep three dimensions after coalescing.
+    needs_cuda()
+    for policy in POLICIES:
+        cell = elementwise(CELL_SRC, inputs="z zb c f i g", differentiable="c f i g", partials=policy)
+        for shapes in ([(3, 1, 1), (1, 5, 1), (3, 5, 300), (300,), (1, 5, 300), (3, 1, 300)],
+                       [(2, 3, 1), (), (1, 1, 129), (2, 3, 129), (3, 129), (2, 1, 1)]):
+            a = inputs(shapes, torch.float64, seed=7)
+            b = [t.detach().cuda().requires_grad_(t.requires_grad) for t in a]
+            ya, yb = cell(*a), cell(*b)
+            torch.testing.assert_close(yb.cpu(), ya, rtol=1e-12, atol=1e-12)
+            w = torch.randn(ya.shape, dtype=torch.float64)
+            (ya * w).sum().backward()
+            (yb * w.cuda()).sum().backward()
+            for x, y in zip(a, b):
+                if x.requires_grad:
+                    torch.testing.assert_close(y.grad.cpu(), x.grad, rtol=1e-12, atol=1e-12)
+
+
 def test_gradcheck_on_the_gpu_in_float64():
     needs_cuda()
     cell = elementwise(CELL_SRC, inputs="z zb c f i g", differentiable="c f i g")
