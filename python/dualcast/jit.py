@@ -91,6 +91,7 @@ class Spec:
     # What a launch passes (launch_shape checks it): arrays read through strides, contiguous arrays
     # written, partial buffers written (M x K; null where not wanted).
     gradient_kernel = False
+    values_only = False
 
     @property
     def n_in(self):
@@ -103,6 +104,13 @@ class Spec:
     @property
     def n_partials(self):
         return self.outputs * max(self.k, 1)
+
+    def values(self):
+        """The kernel of the outputs alone: the body evaluated on plain numbers (D names T), no
+        partial computed (the recompute policy's forward). A body that needs dual numbers as such
+        (.val, .d, D::variable) does not compile as one: dualcast.torch then uses this Spec's
+        kernel with no partial wanted."""
+        return ValuesSpec(self)
 
     def gradient(self):
         """The recompute-policy backward of this function: a kernel that reads the inputs and the M
@@ -122,7 +130,8 @@ class Spec:
             params=", ".join(("D " if n in self.differentiable else "T ") + n for n in self.inputs),
             args=", ".join("x%d" % i for i in range(nin)), body_file=BODY_FILE, body=self.body)
         kernel = {"cpu": _CPU_KERNEL, "cuda": _CUDA_KERNEL}[target]
-        store = _GRADIENT_STORES if self.gradient_kernel else _VALUE_STORES
+        store = _GRADIENT_STORES if self.gradient_kernel else _VALUES_ONLY_STORES if self.values_only else _VALUE_STORES
+        fields["result_type"] = _VALUE_RESULT if self.values_only else _DUAL_RESULT
         for name, where in (("loads", target), ("tile_loads", "tile")):  # (the CUDA kernel has no tiles)
             lines = [_load_line(i, n, self.differentiable, where) for i, n in enumerate(self.inputs)]
             if self.gradient_kernel:  # the output gradients follow the inputs
@@ -132,6 +141,20 @@ class Spec:
         for name, text in store[target].items():
             fields[name] = text
         return (_PRELUDE + kernel).format(**fields)
+
+
+class ValuesSpec(Spec):
+    """Spec.values(): the same body, inputs and outputs; launched as its Spec without partials."""
+
+    values_only = True
+
+    def __init__(self, spec):  # pylint: disable=super-init-not-called (spec was checked when made)
+        self.body, self.inputs, self.outputs = spec.body, spec.inputs, spec.outputs
+        self.differentiable = []  # every input a plain number
+
+    @property
+    def n_partials(self):
+        return 0
 
 
 class GradientSpec(Spec):
@@ -205,24 +228,7 @@ constexpr int NIN = {NIN};    // arrays read (the inputs; a gradient kernel's ou
 constexpr int NOUT = {NOUT};  // contiguous arrays written (outputs; a gradient kernel's input gradients)
 constexpr int NPART = {NPART};
 constexpr int MAXDIM = {MAXDIM};
-using D = dualcast::Dual<T, K>;
-
-// Field by field, never as a block copy: GCC keeps such a dual in registers across the lanes of a
-// CPU tile, where a struct copy is a memory reference that stops it vectorising (dual.hpp's rule).
-struct Out {{
-  D v;
-  DUALCAST_HD DUALCAST_INLINE Out(const D& d) {{
-    v.val = d.val;
-DUALCAST_UNROLL
-    for (int k = 0; k < K; ++k) v.d[k] = d.d[k];
-  }}
-  template <class A, std::enable_if_t<std::is_arithmetic_v<A>, int> = 0>
-  DUALCAST_HD DUALCAST_INLINE Out(A a) {{
-    v.val = static_cast<T>(a);
-DUALCAST_UNROLL
-    for (int k = 0; k < K; ++k) v.d[k] = T(0);
-  }}
-}};
+{result_type}
 struct Outs {{
   Out v[M];
 }};
@@ -333,6 +339,55 @@ extern "C" int dualcast_jit_run(const Args* a) {{
 }}
 """
 
+# What the body's results are. A dual kernel evaluates on Dual<T, K>; a values kernel
+# (Spec.values(): the recompute policy's forward) on plain T, with D naming T, so that the compiler
+# computes no derivative nobody stores (the C++ library's DUAL=false bodies).
+_DUAL_RESULT = """using D = dualcast::Dual<T, K>;
+
+// Field by field, never as a block copy: GCC keeps such a dual in registers across the lanes of a
+// CPU tile, where a struct copy is a memory reference that stops it vectorising (dual.hpp's rule).
+struct Out {
+  D v;
+  DUALCAST_HD DUALCAST_INLINE Out(const D& d) {
+    v.val = d.val;
+DUALCAST_UNROLL
+    for (int k = 0; k < K; ++k) v.d[k] = d.d[k];
+  }
+  template <class A, std::enable_if_t<std::is_arithmetic_v<A>, int> = 0>
+  DUALCAST_HD DUALCAST_INLINE Out(A a) {
+    v.val = static_cast<T>(a);
+DUALCAST_UNROLL
+    for (int k = 0; k < K; ++k) v.d[k] = T(0);
+  }
+};"""
+_VALUE_RESULT = """using D = T;  // values only: a body that names D gets plain numbers
+
+struct Out {
+  T v;
+  template <class A, std::enable_if_t<std::is_arithmetic_v<A>, int> = 0>
+  DUALCAST_HD DUALCAST_INLINE Out(A a) : v(static_cast<T>(a)) {}
+};
+
+// Where a dual body mixes a dual with a number (pow(x, 3.0) for a float x), the values body mixes
+// two number types, which math.hpp's same-type pow, hypot and fma do not take (NVRTC finds them
+// ambiguous): here they compute in T, as the dual versions compute the value.
+// (declared with math.hpp's own, which a declaration here would otherwise hide from the body)
+using dualcast::fma;
+using dualcast::hypot;
+using dualcast::pow;
+template <class A, class B>
+constexpr bool mixed_numbers = std::is_arithmetic_v<A> && std::is_arithmetic_v<B> && !std::is_same_v<A, B>;
+template <class A, class B, std::enable_if_t<mixed_numbers<A, B>, int> = 0>
+DUALCAST_HD DUALCAST_INLINE T pow(A a, B b) { return dualcast::pow(static_cast<T>(a), static_cast<T>(b)); }
+template <class A, class B, std::enable_if_t<mixed_numbers<A, B>, int> = 0>
+DUALCAST_HD DUALCAST_INLINE T hypot(A a, B b) { return dualcast::hypot(static_cast<T>(a), static_cast<T>(b)); }
+template <class A, class B, class C,
+          std::enable_if_t<std::is_arithmetic_v<C> && (mixed_numbers<A, B> || mixed_numbers<A, C>), int> = 0>
+DUALCAST_HD DUALCAST_INLINE T fma(A a, B b, C c) {
+  return dualcast::fma(static_cast<T>(a), static_cast<T>(b), static_cast<T>(c));
+}"""
+
+
 # How a kernel keeps what the body returned. A value kernel writes each output's value and the
 # wanted partials; a gradient kernel (Spec.gradient) contracts the partials with the output
 # gradients g[M] at once and writes only the wanted input gradients: the chain rule of the C++
@@ -371,6 +426,13 @@ _VALUE_STORES = _stores(_VALUE_STORE, "  T r[M][1 + K][W];", """\
     for (int j = 0; j < K; ++j)
       if (T* q = static_cast<T*>(a->partials[m * K + j]))
         for (int e = 0; e < W; ++e) q[e0 + e] = r[m][1 + j][e];
+  }""")
+_VALUES_ONLY_STORE = """      for (int m = 0; m < M; ++m) OUT(m)[e] = out_at(res, m).v;"""
+_VALUES_ONLY_STORES = _stores(_VALUES_ONLY_STORE, "  T r[M][W];", """\
+    for (int m = 0; m < M; ++m) r[m][e] = out_at(res, m).v;""", """\
+  for (int m = 0; m < M; ++m) {
+    T* out = static_cast<T*>(a->out[m]) + e0;
+    for (int e = 0; e < W; ++e) out[e] = r[m][e];
   }""")
 _GRADIENT_STORES = _stores(_GRADIENT_STORE, "  T r[K][W];", """\
     for (int j = 0; j < K; ++j) {

@@ -26,7 +26,7 @@ import functools
 import torch
 
 from . import jit, torch_library
-from .torch_library import compiled_kernel, launch, same_dtype
+from .torch_library import compiled_kernel, launch, same_dtype, value_kernel
 
 __all__ = ["elementwise", "Elementwise"]
 
@@ -96,10 +96,11 @@ class Elementwise:
         kernels = self._kernels.get(key)
         if kernels is None:
             name = _DTYPES[dtype]
+            store = wants_grad and not self._gradient
             kernels = self._kernels[key] = (
-                compiled_kernel(s, name, device),
+                s, compiled_kernel(s, name, device) if store else value_kernel(s, name, device),
                 compiled_kernel(self._gradient, name, device) if self._gradient and wants_grad else None,
-                wants_grad and not self._gradient)
+                store)
         other_gpu = device.type == "cuda" and device.index != torch.cuda.current_device()
         with torch.cuda.device(device) if other_gpu else contextlib.nullcontext():
             # (on another GPU than the current one: outputs, gradients and launches on the inputs')
@@ -163,10 +164,10 @@ def _kernel_args(args, dtype, device):
 class _Function(torch.autograd.Function):
     @staticmethod
     def forward(ctx, kernels, shape, dtype, device, *args):
-        # kernels: the value kernel, the gradient kernel (recompute, when a gradient is wanted) and
-        # whether to store the partials instead (store, when a gradient is wanted).
-        value, gradient, store = kernels
-        s = value.spec
+        # kernels: the function's Spec, the value kernel (values only unless partials are stored),
+        # the gradient kernel (recompute, when a gradient is wanted) and whether to store the
+        # partials instead (store, when a gradient is wanted).
+        s, value, gradient, store = kernels
         xs = _kernel_args(args, dtype, device)
         outs = [torch.empty(shape, dtype=dtype, device=device) for _ in range(s.outputs)]
         kk = max(s.k, 1)
@@ -175,7 +176,7 @@ class _Function(torch.autograd.Function):
         wanted_k = {s.differentiable.index(s.inputs[i]) for i in wanted}
         parts = [torch.empty(shape, dtype=dtype, device=device) if (store and j in wanted_k) else None
                  for _ in range(s.outputs) for j in range(kk)]
-        launch(value, device, shape, xs, outs, parts)
+        launch(value, device, shape, xs, outs, parts if store else [None] * value.spec.n_partials)
         ctx.kernels, ctx.shape, ctx.dtype, ctx.device = kernels, shape, dtype, device
         ctx.input_shapes = [tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in args]
         ctx.input_dtypes = [a.dtype if isinstance(a, torch.Tensor) else None for a in args]
@@ -193,8 +194,7 @@ class _Function(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable  # the partials are values: no second derivative
     def backward(ctx, *grad_outs):
-        value, gradient, _ = ctx.kernels
-        s = value.spec
+        s, _, gradient, _ = ctx.kernels
         grads = [None] * len(s.inputs)
         if not ctx.wanted:
             return (None, None, None, None) + tuple(grads)

@@ -16,6 +16,7 @@ compiled graph that contains them can also be captured in torch.cuda.graph.
 """
 
 import hashlib
+import warnings
 from typing import List
 
 import torch
@@ -50,6 +51,24 @@ def same_dtype(xs, dtype):
     return [x if x.dtype == dtype else x.to(dtype) for x in xs]
 
 
+_dual_only = set()  # bodies whose values kernel does not compile (they use dual numbers as such)
+
+
+def value_kernel(spec, dtype_name, device):
+    """The kernel of spec's outputs alone: Spec.values() (no derivative computed), or, for a body
+    that needs dual numbers as such (.val, .d: it does not compile on plain numbers), spec's own
+    kernel launched without partials, with a warning the first time."""
+    key = (spec.body, tuple(spec.inputs), tuple(spec.differentiable), spec.outputs)
+    if key not in _dual_only:
+        try:
+            return compiled_kernel(spec.values(), dtype_name, device)
+        except jit.CompileError as e:
+            _dual_only.add(key)
+            warnings.warn("dualcast.elementwise: the body does not compile on plain numbers, so its forward "
+                          "evaluates dual numbers and drops the derivatives (slower): %s" % str(e).split("\n")[0])
+    return compiled_kernel(spec, dtype_name, device)
+
+
 def launch(kernel, device, shape, inputs, outputs, partials):
     """One kernel over the broadcast `shape`: inputs (of the kernel's dtype) through their strides,
     contiguous outputs (None: not written)."""
@@ -75,7 +94,8 @@ def ops_for(spec):
         shape = torch.broadcast_shapes(*[x.shape for x in xs])
         device, dt = xs[0].device, DTYPES[dtype]
         outs = [torch.empty(shape, dtype=dt, device=device) for _ in range(spec.outputs)]
-        launch(compiled_kernel(spec, dtype, device), device, shape, same_dtype(xs, dt), outs, [None] * spec.n_partials)
+        k = value_kernel(spec, dtype, device)
+        launch(k, device, shape, same_dtype(xs, dt), outs, [None] * k.spec.n_partials)
         return outs
 
     @forward.register_fake

@@ -34,7 +34,7 @@ def test_every_kind_of_body_compiles_to_a_cubin():
              jit.Spec("return {a * b, sin(a) + exp(b)};", "a b", "a b", outputs=2),
              jit.Spec("if (x > y) return x * x * y; return 0;", "x y", "x"),
              jit.Spec("return pow(x, 3.0) + log1p(abs(x)) + erf(x) - sqrt(x * x + 1);", "x", "x")]
-    for spec in specs + [spec.gradient() for spec in specs]:
+    for spec in specs + [spec.gradient() for spec in specs] + [spec.values() for spec in specs]:
         for dtype in ("float32", "float64"):
             assert is_cubin(cuda.compile_cubin(spec, dtype, ARCH)), (spec.body, dtype)
 

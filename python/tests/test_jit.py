@@ -250,6 +250,52 @@ def test_the_gradient_kernel_sums_over_several_outputs_and_skips_unwanted_inputs
             assert close(gb[e], u * x + v * math.exp(y), rtol), (dtype, e, gb[e])
 
 
+def test_the_values_kernel_equals_the_dual_kernels_outputs():
+    # Spec.values() evaluates the body on plain numbers (D names T): the same outputs as the dual
+    # kernel, on every broadcast pattern, in float64 and on float32's tiles and odd sizes.
+    spec = jit.Spec(CELL, "z zb c f i g", "c f i g")
+    rng = random.Random(13)
+    for dtype, typecode, rtol in (("float64", "d", VALUE_RTOL_F64), ("float32", "f", F32_RTOL)):
+        dual, values = jit.compile_kernel(spec, dtype), jit.compile_kernel(spec.values(), dtype)
+        for out_shape, shapes in list(zip([OUT] * len(PATTERNS), PATTERNS.values())) + [
+                ((2, 4500), [(2, 1), (), (2, 4500), (4500,), (2, 4500), (1, 1)])]:
+            ins = [(sh, list(array.array(typecode, v))) for sh, v in cell_inputs(rng, out_shape, shapes)]
+            want, _ = run(dual, out_shape, ins, typecode)
+            n = numel(out_shape)
+            got = Buf([math.nan] * n, typecode)
+            bufs = [Buf(v, typecode) for _, v in ins]
+            values.run(list(out_shape), [b.ptr for b in bufs], [broadcast_strides(sh, out_shape) for sh, _ in ins],
+                       [got.ptr], [])
+            for e in range(n):
+                assert close(got.a[e], want[0][e], rtol), (dtype, out_shape, e, got.a[e], want[0][e])
+
+
+def test_the_values_kernel_takes_a_number_of_another_type_where_the_dual_kernel_does():
+    # pow(x, 3.0) with a float x: a dual base and a double exponent in the dual kernel, a float and a
+    # double in the values kernel, computed in T as the dual kernel computes its value.
+    spec = jit.Spec("return pow(x, 3.0) + hypot(x, 2.0) + fma(x, 2.0, y) + max(0, x);", "x y", "x")
+    for dtype, typecode in (("float32", "f"), ("float64", "d")):
+        dual, values = jit.compile_kernel(spec, dtype), jit.compile_kernel(spec.values(), dtype)
+        xs, ys = [-1.5, 0.25, 2.0], [0.5, -0.75, 3.0]
+        ins = [((3,), list(array.array(typecode, xs))), ((3,), list(array.array(typecode, ys)))]
+        want, _ = run(dual, (3,), ins, typecode)
+        got = Buf([math.nan] * 3, typecode)
+        bufs = [Buf(v, typecode) for _, v in ins]
+        values.run([3], [b.ptr for b in bufs], [[1], [1]], [got.ptr], [])
+        assert list(got.a) == want[0], (dtype, list(got.a), want[0])
+
+
+def test_a_body_that_needs_dual_numbers_has_no_values_kernel():
+    body = "if (x.val > 0) return x * x; return x;"  # .val: a dual's member
+    jit.compile_kernel(jit.Spec(body, "x", "x"), "float64")  # the dual kernel compiles
+    try:
+        jit.compile_kernel(jit.Spec(body, "x", "x").values(), "float64")
+    except jit.CompileError as e:
+        assert "line 1 of the body" in str(e), str(e)
+    else:
+        raise AssertionError("a body using .val compiled on plain numbers")
+
+
 def test_a_function_without_differentiated_inputs_has_no_gradient_kernel():
     try:
         jit.Spec("return x * 2;", "x", "").gradient()

@@ -112,6 +112,22 @@ def test_several_outputs():
         assert x.grad.tolist() == [2.0, 2.0], policy
 
 
+def test_a_body_that_needs_dual_numbers_still_works_with_a_warning():
+    # Its forward cannot run on plain numbers (.val is a dual's member): the dual kernel runs
+    # without partials instead, and the user is told once.
+    import warnings
+    f = elementwise("if (x.val > 0) return x * y; return y - x;", inputs="x y", differentiable="x y")
+    x = torch.tensor([1.5, -2.0], dtype=torch.float64, requires_grad=True)
+    y = torch.tensor([3.0, 4.0], dtype=torch.float64, requires_grad=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = f(x, y)
+    assert any("does not compile on plain numbers" in str(w.message) for w in caught), [str(w.message) for w in caught]
+    assert out.tolist() == [4.5, 6.0]
+    out.sum().backward()
+    assert x.grad.tolist() == [3.0, -1.0] and y.grad.tolist() == [1.5, 1.0]
+
+
 def test_a_backward_after_an_input_changed_in_place_is_refused():
     # The recompute policy evaluates the body again on the inputs: PyTorch's saved-tensor check
     # must see them, so that a changed input is an error rather than a wrong gradient.
