@@ -239,6 +239,8 @@ class Backend:
                 self.dualcast_cells = _dualcast_cells()
         self.precision_note = set_precision(self.precision)
         if method == "compile":
+            if not hasattr(torch, "compile"):  # e.g. Debian's python3-torch 1.13
+                self.skip_reason = "skipped: torch %s has no torch.compile (2.0 and later)" % torch.__version__
             _raise_dynamo_limits()
         self.compile_kwargs = {"fullgraph": True, "dynamic": False}
         mode = opts.get("compile_mode", "default")

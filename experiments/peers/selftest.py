@@ -503,7 +503,7 @@ def framework_test(method):
     return fn
 
 
-for _m in ("numpy", "eager", "compile", "jax", "jax_remat"):
+for _m in ("numpy", "eager", "compile", "torch_dualcast", "jax", "jax_remat"):
     test(framework_test(_m))
 
 

@@ -16,6 +16,7 @@ compiled graph that contains them can also be captured in torch.cuda.graph.
 """
 
 import hashlib
+import threading
 import warnings
 from typing import List
 
@@ -26,6 +27,7 @@ from . import cuda, jit
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 _ops = {}
+_ops_lock = threading.Lock()  # registering the same function from two threads at once fails
 
 
 def available():
@@ -84,17 +86,30 @@ def launch(kernel, device, shape, inputs, outputs, partials):
 def ops_for(spec):
     """(forward op, gradient op) of a jit.Spec with differentiated inputs, registered once."""
     key = hashlib.sha256(repr((spec.body, spec.inputs, spec.differentiable, spec.outputs)).encode()).hexdigest()[:20]
-    if key in _ops:
+    with _ops_lock:
+        if key not in _ops:
+            _ops[key] = _register(spec, "dualcast::elementwise_" + key)
         return _ops[key]
-    name = "dualcast::elementwise_" + key
+
+
+def _register(spec, name):
     grad_spec = spec.gradient()
+    kernels = {}  # (spec, dtype name, device) -> kernel: an op call does not regenerate the source
+
+    def kernel_of(s, dtype, device):
+        k = kernels.get((id(s), dtype, device))
+        if k is None:
+            k = kernels[(id(s), dtype, device)] = compiled_kernel(s, dtype, device)
+        return k
 
     @torch.library.custom_op(name, mutates_args=())
     def forward(xs: List[torch.Tensor], dtype: str) -> List[torch.Tensor]:
         shape = torch.broadcast_shapes(*[x.shape for x in xs])
         device, dt = xs[0].device, DTYPES[dtype]
         outs = [torch.empty(shape, dtype=dt, device=device) for _ in range(spec.outputs)]
-        k = value_kernel(spec, dtype, device)
+        k = kernels.get(("values", dtype, device))
+        if k is None:
+            k = kernels[("values", dtype, device)] = value_kernel(spec, dtype, device)
         launch(k, device, shape, same_dtype(xs, dt), outs, [None] * k.spec.n_partials)
         return outs
 
@@ -109,7 +124,7 @@ def ops_for(spec):
         shape = torch.broadcast_shapes(*[x.shape for x in xs])
         device, dt = xs[0].device, DTYPES[dtype]
         full = [torch.empty(shape, dtype=dt, device=device) if w else None for w in wanted]
-        launch(compiled_kernel(grad_spec, dtype, device), device, shape,
+        launch(kernel_of(grad_spec, dtype, device), device, shape,
                same_dtype(list(xs) + list(grads), dt), full, [])
         return [g for g in full if g is not None]
 
@@ -134,5 +149,4 @@ def ops_for(spec):
         return [next(got).sum_to_size(x.shape).to(x.dtype) if w else None for x, w in zip(xs, ctx.wanted)], None
 
     forward.register_autograd(backward, setup_context=setup_context)
-    _ops[key] = (forward, gradient)
-    return _ops[key]
+    return forward, gradient

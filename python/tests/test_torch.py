@@ -105,7 +105,7 @@ def test_several_outputs():
         (p.sum() + 2 * q.sum()).backward()
         assert x.grad.tolist() == [3.0 + 5.0 + 4.0, 3.0 + 5.0 + 4.0], policy
         assert y.grad.tolist() == [[2.0 - 1.0 - 4.0], [2.0 - 1.0 - 4.0]], policy
-        # One output unused: its gradient is None in the backward (zeros for the gradient kernel).
+        # One output unused: PyTorch passes zeros (an expanded, stride-0 tensor) as its gradient.
         x.grad = None
         p, q = f(x, y)
         q.sum().backward()
@@ -196,6 +196,29 @@ def test_torch_compile_keeps_the_function_in_one_graph_with_its_gradients():
                 torch.testing.assert_close(y.grad, x.grad, rtol=F32_RTOL, atol=F32_ATOL)
 
 
+def test_threads_making_the_same_function_at_once_share_its_ops():
+    # The custom ops of a body are registered once, whichever thread gets there first.
+    needs_custom_ops()
+    import threading
+    body = "return x * y + %d;" % os.getpid()  # a body no other test registered
+    made, errors = [], []
+
+    def make():
+        try:
+            made.append(elementwise(body, inputs="x y", differentiable="x"))
+        except Exception as e:  # noqa: BLE001 (the test reports whatever a thread raised)
+            errors.append(e)
+
+    threads = [threading.Thread(target=make) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert len({id(f._ops[0]) for f in made}) == 1
+    assert made[0](torch.ones(2), 2.0).tolist() == [2.0 + os.getpid()] * 2
+
+
 def needs_cuda():
     if not torch.cuda.is_available():
         from skip import Skip
@@ -255,19 +278,22 @@ def test_large_odd_sizes_on_the_gpu_and_a_side_stream():
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     big = torch.randn(4096, 4096, device="cuda")
+    y_old = y.detach().clone()
     with torch.cuda.stream(s):  # the kernel must run on PyTorch's current stream, this one
-        # Slow work on this stream first, writing y: a kernel queued on another stream would read y
-        # before it is written (PyTorch's side streams do not wait for the default stream).
+        # Slow work on this stream first, then new values of y: a kernel queued on another stream
+        # would read the old y (PyTorch's side streams do not wait for the default stream).
+        torch.cuda._sleep(50_000_000)
         for _ in range(20):
             big = big @ big * 1e-3
         with torch.no_grad():
-            y.mul_(1.0 + 0.0 * big[0, 0])
+            y.mul_(2.0 + 0.0 * big[0, 0])
         out = f(x, y)
         out.sum().backward()
     torch.cuda.current_stream().wait_stream(s)
-    want = torch.where(x > 0, x * y, y - x)
+    y_new = 2.0 * y_old
+    want = torch.where(x > 0, x * y_new, y_new - x)
     torch.testing.assert_close(out, want)
-    torch.testing.assert_close(x.grad, torch.where(x > 0, y.expand_as(x), -torch.ones_like(x)))
+    torch.testing.assert_close(x.grad, torch.where(x > 0, y_new.expand_as(x), -torch.ones_like(x)))
     torch.testing.assert_close(y.grad, torch.where(x > 0, x, torch.ones_like(x)).sum(0), rtol=1e-5, atol=1e-3)
 
 
