@@ -38,7 +38,7 @@ DTYPES = {"float32": "float", "float64": "double"}
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Names an input cannot take: the generated code's own, C++'s keywords and alternative tokens, and
 # the C library's macros a body could meet.
-_RESERVED = set("""T D K M NIN NOUT NPART OUTP MAXDIM Out Outs Ret dualcast std user_body out_at Args tile run
+_RESERVED = set("""T D K M NIN NOUT NPART OUTP MAXDIM Num num_scalar as_t any_num num_args Out Outs Ret dualcast std user_body out_at Args tile run
     alignas alignof and and_eq asm auto bitand bitor bool break case catch char char8_t char16_t char32_t
     class compl concept const consteval constexpr constinit const_cast continue co_await co_return
     co_yield decltype default delete do double dynamic_cast else enum explicit export extern false float
@@ -106,10 +106,11 @@ class Spec:
         return self.outputs * max(self.k, 1)
 
     def values(self):
-        """The kernel of the outputs alone: the body evaluated on plain numbers (D names T), no
-        partial computed (the recompute policy's forward). A body that needs dual numbers as such
-        (.val, .d, D::variable) does not compile as one: dualcast.torch then uses this Spec's
-        kernel with no partial wanted."""
+        """The kernel of the outputs alone: the differentiated inputs are Num, plain numbers with a
+        dual's rules (D names Num), so no partial is computed (the recompute policy's forward) and
+        the values are the dual kernel's. A body that needs dual numbers as such (.val, .d,
+        partial()) does not compile as one: dualcast.torch then uses this Spec's kernel with no
+        partial wanted."""
         return ValuesSpec(self)
 
     def gradient(self):
@@ -133,7 +134,7 @@ class Spec:
         store = _GRADIENT_STORES if self.gradient_kernel else _VALUES_ONLY_STORES if self.values_only else _VALUE_STORES
         fields["result_type"] = _VALUE_RESULT if self.values_only else _DUAL_RESULT
         for name, where in (("loads", target), ("tile_loads", "tile")):  # (the CUDA kernel has no tiles)
-            lines = [_load_line(i, n, self.differentiable, where) for i, n in enumerate(self.inputs)]
+            lines = [_load_line(i, n, self.differentiable, where, self.values_only) for i, n in enumerate(self.inputs)]
             if self.gradient_kernel:  # the output gradients follow the inputs
                 lines.append("      const T g[M] = {%s};" % ", ".join(
                     _load_expr(nin + m, where) for m in range(self.outputs)))
@@ -149,8 +150,8 @@ class ValuesSpec(Spec):
     values_only = True
 
     def __init__(self, spec):  # pylint: disable=super-init-not-called (spec was checked when made)
-        self.body, self.inputs, self.outputs = spec.body, spec.inputs, spec.outputs
-        self.differentiable = []  # every input a plain number
+        self.body, self.inputs, self.differentiable, self.outputs = (spec.body, spec.inputs, spec.differentiable,
+                                                                     spec.outputs)
 
     @property
     def n_partials(self):
@@ -204,8 +205,10 @@ def _load_expr(i, target):
     return "static_cast<const T*>(%s)[o[%d]]" % ("a->in[%d]" % i if target == "cpu" else "a.in[%d]" % i, i)
 
 
-def _load_line(i, name, differentiable, target):
+def _load_line(i, name, differentiable, target, values_only=False):
     load = _load_expr(i, target)
+    if name in differentiable and values_only:
+        return "      const D x%d{%s};" % (i, load)
     if name in differentiable:
         return "      const D x%d = D::variable(%s, %d);" % (i, load, differentiable.index(name))
     return "      const T x%d = %s;" % (i, load)
@@ -360,32 +363,104 @@ DUALCAST_UNROLL
     for (int k = 0; k < K; ++k) v.d[k] = T(0);
   }
 };"""
-_VALUE_RESULT = """using D = T;  // values only: a body that names D gets plain numbers
+_VALUE_RESULT = """// A differentiated input as a plain number with a dual's rules, so that the values kernel computes
+// exactly the values of the dual kernel: a number of another type next to it is converted to T
+// first (x * 0.1 multiplies by 0.1f for float T, as Dual<float, K> does, not in double),
+// comparisons and functions go through T, and partial() does not compile (a dual-only notion).
+struct Num {
+  T v;
+};
+using D = Num;
+template <class S>
+constexpr bool num_scalar = std::is_arithmetic_v<S>;
+#define DUALCAST_NUM_BINARY(op)                                                                     \
+  DUALCAST_HD DUALCAST_INLINE Num operator op(Num a, Num b) { return {a.v op b.v}; }                \
+  template <class S, std::enable_if_t<num_scalar<S>, int> = 0>                                      \
+  DUALCAST_HD DUALCAST_INLINE Num operator op(Num a, S s) { return {a.v op static_cast<T>(s)}; }    \
+  template <class S, std::enable_if_t<num_scalar<S>, int> = 0>                                      \
+  DUALCAST_HD DUALCAST_INLINE Num operator op(S s, Num a) { return {static_cast<T>(s) op a.v}; }    \
+  DUALCAST_HD DUALCAST_INLINE Num& operator op##=(Num& a, Num b) { a.v = a.v op b.v; return a; }    \
+  template <class S, std::enable_if_t<num_scalar<S>, int> = 0>                                      \
+  DUALCAST_HD DUALCAST_INLINE Num& operator op##=(Num& a, S s) { a.v = a.v op static_cast<T>(s); return a; }
+DUALCAST_NUM_BINARY(+)
+DUALCAST_NUM_BINARY(-)
+DUALCAST_NUM_BINARY(*)
+DUALCAST_NUM_BINARY(/)
+#undef DUALCAST_NUM_BINARY
+DUALCAST_HD DUALCAST_INLINE Num operator+(Num a) { return a; }
+DUALCAST_HD DUALCAST_INLINE Num operator-(Num a) { return {-a.v}; }
+#define DUALCAST_NUM_COMPARE(op)                                                                    \
+  DUALCAST_HD DUALCAST_INLINE bool operator op(Num a, Num b) { return a.v op b.v; }                 \
+  template <class S, std::enable_if_t<num_scalar<S>, int> = 0>                                      \
+  DUALCAST_HD DUALCAST_INLINE bool operator op(Num a, S s) { return a.v op static_cast<T>(s); }     \
+  template <class S, std::enable_if_t<num_scalar<S>, int> = 0>                                      \
+  DUALCAST_HD DUALCAST_INLINE bool operator op(S s, Num a) { return static_cast<T>(s) op a.v; }
+DUALCAST_NUM_COMPARE(==)
+DUALCAST_NUM_COMPARE(!=)
+DUALCAST_NUM_COMPARE(<)
+DUALCAST_NUM_COMPARE(<=)
+DUALCAST_NUM_COMPARE(>)
+DUALCAST_NUM_COMPARE(>=)
+#undef DUALCAST_NUM_COMPARE
+
+// The library's functions on a Num: its value through math.hpp's function of T; numbers mixed in
+// are converted to T first. (Declared with math.hpp's own, which these would otherwise hide.)
+DUALCAST_HD DUALCAST_INLINE T as_t(Num a) { return a.v; }
+template <class S, std::enable_if_t<num_scalar<S>, int> = 0>
+DUALCAST_HD DUALCAST_INLINE T as_t(S s) { return static_cast<T>(s); }
+template <class... A>
+constexpr bool any_num = (std::is_same_v<A, Num> || ...);
+template <class... A>
+constexpr bool num_args = any_num<A...> && ((std::is_same_v<A, Num> || num_scalar<A>) && ...);
+#define DUALCAST_NUM_UNARY(f)                                                                       \
+  using dualcast::f;                                                                                \
+  DUALCAST_HD DUALCAST_INLINE Num f(Num a) { return {dualcast::f(a.v)}; }
+DUALCAST_NUM_UNARY(abs)
+DUALCAST_NUM_UNARY(cbrt)
+DUALCAST_NUM_UNARY(cos)
+DUALCAST_NUM_UNARY(erf)
+DUALCAST_NUM_UNARY(exp)
+DUALCAST_NUM_UNARY(expm1)
+DUALCAST_NUM_UNARY(gelu)
+DUALCAST_NUM_UNARY(log)
+DUALCAST_NUM_UNARY(log1p)
+DUALCAST_NUM_UNARY(relu)
+DUALCAST_NUM_UNARY(sigmoid)
+DUALCAST_NUM_UNARY(sin)
+DUALCAST_NUM_UNARY(softplus)
+DUALCAST_NUM_UNARY(sqrt)
+DUALCAST_NUM_UNARY(tan)
+DUALCAST_NUM_UNARY(tanh)
+#undef DUALCAST_NUM_UNARY
+#define DUALCAST_NUM_BINARY_FN(f)                                                                   \
+  using dualcast::f;                                                                                \
+  template <class A, class B, std::enable_if_t<num_args<A, B>, int> = 0>                            \
+  DUALCAST_HD DUALCAST_INLINE Num f(A a, B b) { return {dualcast::f(as_t(a), as_t(b))}; }
+DUALCAST_NUM_BINARY_FN(pow)
+DUALCAST_NUM_BINARY_FN(hypot)
+DUALCAST_NUM_BINARY_FN(min)
+DUALCAST_NUM_BINARY_FN(max)
+#undef DUALCAST_NUM_BINARY_FN
+using dualcast::clamp;
+template <class X, class L, class H, std::enable_if_t<num_args<X, L, H>, int> = 0>
+DUALCAST_HD DUALCAST_INLINE Num clamp(X x, L lo, H hi) { return {dualcast::clamp(as_t(x), as_t(lo), as_t(hi))}; }
+using dualcast::fma;
+template <class A, class B, class C, std::enable_if_t<num_args<A, B, C>, int> = 0>
+DUALCAST_HD DUALCAST_INLINE Num fma(A a, B b, C c) { return {dualcast::fma(as_t(a), as_t(b), as_t(c))}; }
+using dualcast::select;
+template <class A, class B, std::enable_if_t<num_args<A, B>, int> = 0>
+DUALCAST_HD DUALCAST_INLINE Num select(bool c, A a, B b) { return {c ? as_t(a) : as_t(b)}; }
+using dualcast::value;
+DUALCAST_HD DUALCAST_INLINE T value(Num a) { return a.v; }
+using dualcast::partial;
+T partial(Num, int) = delete;  // a values kernel has no partials: the dual kernel runs instead
 
 struct Out {
   T v;
+  DUALCAST_HD DUALCAST_INLINE Out(Num n) : v(n.v) {}
   template <class A, std::enable_if_t<std::is_arithmetic_v<A>, int> = 0>
   DUALCAST_HD DUALCAST_INLINE Out(A a) : v(static_cast<T>(a)) {}
-};
-
-// Where a dual body mixes a dual with a number (pow(x, 3.0) for a float x), the values body mixes
-// two number types, which math.hpp's same-type pow, hypot and fma do not take (NVRTC finds them
-// ambiguous): here they compute in T, as the dual versions compute the value.
-// (declared with math.hpp's own, which a declaration here would otherwise hide from the body)
-using dualcast::fma;
-using dualcast::hypot;
-using dualcast::pow;
-template <class A, class B>
-constexpr bool mixed_numbers = std::is_arithmetic_v<A> && std::is_arithmetic_v<B> && !std::is_same_v<A, B>;
-template <class A, class B, std::enable_if_t<mixed_numbers<A, B>, int> = 0>
-DUALCAST_HD DUALCAST_INLINE T pow(A a, B b) { return dualcast::pow(static_cast<T>(a), static_cast<T>(b)); }
-template <class A, class B, std::enable_if_t<mixed_numbers<A, B>, int> = 0>
-DUALCAST_HD DUALCAST_INLINE T hypot(A a, B b) { return dualcast::hypot(static_cast<T>(a), static_cast<T>(b)); }
-template <class A, class B, class C,
-          std::enable_if_t<std::is_arithmetic_v<C> && (mixed_numbers<A, B> || mixed_numbers<A, C>), int> = 0>
-DUALCAST_HD DUALCAST_INLINE T fma(A a, B b, C c) {
-  return dualcast::fma(static_cast<T>(a), static_cast<T>(b), static_cast<T>(c));
-}"""
+};"""
 
 
 # How a kernel keeps what the body returned. A value kernel writes each output's value and the

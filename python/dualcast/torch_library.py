@@ -53,21 +53,24 @@ def same_dtype(xs, dtype):
     return [x if x.dtype == dtype else x.to(dtype) for x in xs]
 
 
-_dual_only = set()  # bodies whose values kernel does not compile (they use dual numbers as such)
+_dual_only = set()  # (body, ..., dtype, target): the values kernel does not compile there
 
 
 def value_kernel(spec, dtype_name, device):
     """The kernel of spec's outputs alone: Spec.values() (no derivative computed), or, for a body
-    that needs dual numbers as such (.val, .d: it does not compile on plain numbers), spec's own
-    kernel launched without partials, with a warning the first time."""
-    key = (spec.body, tuple(spec.inputs), tuple(spec.differentiable), spec.outputs)
+    that needs dual numbers as such (.val, .d: it does not compile on Num), spec's own kernel
+    launched without partials, with a warning the first time. A body that compiles in neither form
+    raises the dual kernel's error: the user's mistake, reported as itself."""
+    key = (spec.body, tuple(spec.inputs), tuple(spec.differentiable), spec.outputs, dtype_name, device.type)
     if key not in _dual_only:
         try:
             return compiled_kernel(spec.values(), dtype_name, device)
         except jit.CompileError as e:
+            dual = compiled_kernel(spec, dtype_name, device)  # raises if the body is simply wrong
             _dual_only.add(key)
             warnings.warn("dualcast.elementwise: the body does not compile on plain numbers, so its forward "
                           "evaluates dual numbers and drops the derivatives (slower): %s" % str(e).split("\n")[0])
+            return dual
     return compiled_kernel(spec, dtype_name, device)
 
 

@@ -285,6 +285,55 @@ def test_the_values_kernel_takes_a_number_of_another_type_where_the_dual_kernel_
         assert list(got.a) == want[0], (dtype, list(got.a), want[0])
 
 
+def test_the_values_kernel_computes_the_dual_kernels_values():
+    # Numbers of another type next to a differentiated input are converted to T first, as a dual
+    # does: x * 0.1 is x * 0.1f in float32, so a branch on it takes the same side in the forward
+    # (values) and in the backward (duals): arithmetic bit for bit. Every function of math.hpp, with
+    # literals mixed in, to the last ulp: GCC may vectorise a values kernel's row tail (libmvec)
+    # where the dual kernel's runs libm's scalar functions, as the dual kernel's own tiles and tails
+    # differ.
+    exact = ["if (x * 0.1 > y) return x; return -x;",
+             "D s = x; s *= 1.1; s += 0.1; s -= y; s /= 3.0; return +s - (-y) + 2.5 * x - 1 / (x + 3.0);"]
+    bodies = exact + [
+        "return exp(x * 0.1) + tanh(x * 0.7) * 1.3 - y / 3.0;",
+        "return sigmoid(x) + abs(x) + cbrt(x) + cos(x) + erf(x) + exp(x * 0.5) + expm1(x * 0.25) + gelu(x) "
+        "+ log(abs(x) + 0.5) + log1p(abs(x)) + relu(x) + sin(x) + softplus(x) + sqrt(abs(x) + 1e-3) + tan(x * 0.3);",
+        "return pow(abs(x) + 0.1, 2.5) + hypot(x, 0.3) + min(x, 0.2) + max(0, x) + clamp(x, -0.5, 0.7) "
+        "+ fma(x, 0.3, y) + select(x > y, x, 0.25) + value(x) * 0.5;",
+    ]
+    rng = random.Random(14)
+    n = 1000
+    xs = list(array.array("f", [rng.uniform(-2, 2) for _ in range(n)]))
+    # y = the float product x * 0.1f for some elements: the tie the double product would break
+    ys = list(array.array("f", [x * 0.1 if e % 3 == 0 else rng.uniform(-2, 2) for e, x in enumerate(xs)]))
+    ys = [float(array.array("f", [v])[0]) if e % 3 else float(array.array("f", [array.array("f", [xs[e]])[0] *
+          array.array("f", [0.1])[0]])[0]) for e, v in enumerate(ys)]
+    for body in bodies:
+        spec = jit.Spec(body, "x y", "x y")
+        for dtype, typecode in (("float32", "f"), ("float64", "d")):
+            dual, values = jit.compile_kernel(spec, dtype), jit.compile_kernel(spec.values(), dtype)
+            ins = [((n,), list(array.array(typecode, xs))), ((n,), list(array.array(typecode, ys)))]
+            want, _ = run(dual, (n,), ins, typecode)
+            got = Buf([math.nan] * n, typecode)
+            bufs = [Buf(v, typecode) for _, v in ins]
+            values.run([n], [b.ptr for b in bufs], [[1], [1]], [got.ptr], [])
+            if body in exact:
+                diff = [e for e in range(n) if got.a[e] != want[0][e]]
+            else:  # a few ulps of the terms' size (sums of transcendental terms cancel)
+                rtol = 4.8e-7 if dtype == "float32" else 1e-15
+                diff = [e for e in range(n) if not close(got.a[e], want[0][e], rtol)]
+            assert not diff, (body, dtype, diff[:3], [(got.a[e], want[0][e]) for e in diff[:3]])
+
+
+def test_partial_is_not_a_values_kernels_function():
+    try:
+        jit.compile_kernel(jit.Spec("return x * (1 + partial(x, 0));", "x", "x").values(), "float64")
+    except jit.CompileError as e:
+        assert "partial" in str(e), str(e)
+    else:
+        raise AssertionError("partial() compiled in a values kernel, where it would mean 0")
+
+
 def test_a_body_that_needs_dual_numbers_has_no_values_kernel():
     body = "if (x.val > 0) return x * x; return x;"  # .val: a dual's member
     jit.compile_kernel(jit.Spec(body, "x", "x"), "float64")  # the dual kernel compiles

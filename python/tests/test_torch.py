@@ -128,6 +128,20 @@ def test_a_body_that_needs_dual_numbers_still_works_with_a_warning():
     assert x.grad.tolist() == [3.0, -1.0] and y.grad.tolist() == [1.5, 1.0]
 
 
+def test_a_body_with_a_plain_error_reports_the_error_not_the_values_fallback():
+    import warnings
+    f = elementwise("return x * undefined_name;", inputs="x", differentiable="x")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            f(torch.ones(2, requires_grad=True))
+        except Exception as e:  # noqa: BLE001 (jit.CompileError, checked by its message)
+            assert "undefined_name" in str(e) and "line 1 of the body" in str(e), str(e)
+        else:
+            raise AssertionError("a body naming an undefined variable compiled")
+    assert not any("plain numbers" in str(w.message) for w in caught), [str(w.message) for w in caught]
+
+
 def test_a_backward_after_an_input_changed_in_place_is_refused():
     # The recompute policy evaluates the body again on the inputs: PyTorch's saved-tensor check
     # must see them, so that a changed input is an error rather than a wrong gradient.
