@@ -347,3 +347,23 @@ def test_a_call_can_be_captured_in_a_cuda_graph():
     torch.cuda.synchronize()
     torch.testing.assert_close(out, torch.where(x > 0, x * y + 0.5, y - x))
     torch.testing.assert_close(x.grad, torch.where(x > 0, y.expand_as(x), -torch.ones_like(x)))
+
+
+def test_the_pytorch_hmlstm_trains_alike_with_the_dualcast_and_the_eager_cell():
+    # experiments/torch_elementwise/train_hmlstm.py, a few steps at a tiny size: the same parameters
+    # and minibatches give the same bits/char curve with either cell (float32 rounding apart).
+    root = os.path.normpath(os.path.join(HERE, "..", ".."))
+    if not os.path.isdir("/usr/share/common-licenses"):
+        from skip import Skip
+        raise Skip("no /usr/share/common-licenses corpus")
+    sys.path.insert(0, os.path.join(root, "experiments", "torch_elementwise"))
+    import types
+    import train_hmlstm as th
+    o = types.SimpleNamespace(steps=4, hidden=8, batch=4, seq=6, lr=2e-3, slope_final=5.0, data_seed=7)
+    train_text, valid_text = th.load_corpus("/usr/share/common-licenses")
+    valid = [torch.tensor(th.windows(valid_text, [b * o.seq for b in range(4)], o.seq))]
+    P0 = th.initial_params(o.hidden, 64, 1)
+    runs = [th.train(kind, o, P0, train_text, valid, torch.device("cpu")) for kind in ("dualcast", "eager")]
+    for a, b in zip(runs[0]["curve"], runs[1]["curve"]):
+        assert abs(a["valid_bpc"] - b["valid_bpc"]) <= 1e-5, (a, b)
+    assert runs[0]["curve"][-1]["valid_bpc"] < runs[0]["curve"][0]["valid_bpc"]
