@@ -289,10 +289,10 @@ def test_large_odd_sizes_on_the_gpu_and_a_side_stream():
     f = elementwise("if (x > 0) return x * y; return y - x;", inputs="x y", differentiable="x y")
     x = torch.randn(1237, 4099, device="cuda", requires_grad=True)
     y = torch.randn(4099, device="cuda", requires_grad=True)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    big = torch.randn(4096, 4096, device="cuda")
     y_old = y.detach().clone()
+    big = torch.randn(4096, 4096, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())  # y, y_old and big are ready
     with torch.cuda.stream(s):  # the kernel must run on PyTorch's current stream, this one
         # Slow work on this stream first, then new values of y: a kernel queued on another stream
         # would read the old y (PyTorch's side streams do not wait for the default stream).
