@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,10 @@
 #include "dualcast/random.hpp"
 #include "network.hpp"
 #include "train_log_json.hpp"
+
+#if defined(__CUDACC__)
+#include <cuda_profiler_api.h>
+#endif
 
 namespace {
 
@@ -53,6 +58,10 @@ options:
                        collectives, buffers or hooks that came with DataParallel?); that same
                        graph is timed again once DataParallel exists and after the data-parallel
                        step ran (is the slowdown the graph or the device's state?)
+  --profile-first      with --compute-first on GPUs: rank 0 also replays that graph once between
+                       cudaProfilerStart and cudaProfilerStop before DataParallel exists and once
+                       after, for ncu --profile-from-start off (kernel by kernel, which slow?);
+                       experiments/scaling/compare_ncu.py compares the two
   --train-steps N      character-LM steps (default 0: none)
   --lr X               Adam's learning rate for --train-steps (default 2e-3)
   --bucket-mib X       gradient bucket size in MiB (default 4: one gate weight matrix per bucket,
@@ -75,6 +84,7 @@ struct Options {
   double lr = 2e-3;
   double bucket_mib = hmlstm::kDataParallelBucketMib;
   bool compute_first = false;
+  bool profile_first = false;
   std::string corpus = "/usr/share/common-licenses";
   std::string out, name;
 };
@@ -99,6 +109,7 @@ Options parse(int argc, char** argv, bool& help) {
     }
     else if (a == "--bench") { args.no_value(); o.bench = true; }
     else if (a == "--compute-first") { args.no_value(); o.compute_first = true; }
+    else if (a == "--profile-first") { args.no_value(); o.profile_first = true; }
     else if (a == "--reps") o.reps = static_cast<int>(parse_int(a, next(), 1));
     else if (a == "--warmup") o.warmup = static_cast<int>(parse_int(a, next(), 0));
     else if (a == "--train-steps") o.train_steps = static_cast<int>(parse_int(a, next(), 0));
@@ -123,6 +134,8 @@ Options parse(int argc, char** argv, bool& help) {
   if (o.seq == 0) o.seq = gpu ? 100 : 20;
   if (o.compute_first && (!o.bench || o.gpus < 2))
     throw UsageError("--compute-first: needs --bench and --gpus 2 or more");
+  if (o.profile_first && (!o.compute_first || !gpu))
+    throw UsageError("--profile-first: needs --compute-first on GPUs (--device cuda)");
   if (o.batch % o.gpus != 0)
     throw UsageError("--batch: " + std::to_string(o.batch) + " does not split evenly over --gpus " + std::to_string(o.gpus));
   dcexp::relaunch_if_requested(o.gpus, argc, argv);
@@ -138,6 +151,21 @@ Tensor random_tokens(int T, int B, Device device, std::uint64_t seed) {
   std::vector<std::int64_t> offsets(static_cast<std::size_t>(B));
   for (int b = 0; b < B; ++b) offsets[static_cast<std::size_t>(b)] = static_cast<std::int64_t>(b) * (T + 1);
   return hmlstm::window_batch(text, offsets, T).to(device);
+}
+
+/// One call of `replay` between cudaProfilerStart and cudaProfilerStop on rank 0 (what ncu
+/// --profile-from-start off profiles), synchronised on both sides.
+void profile_once(const dcexp::DataParallelRun& group, const std::function<void()>& replay) {
+  if (group.rank() != 0) return;
+#if defined(__CUDACC__)
+  dualcast::synchronize(group.device);
+  DCEXP_CUDA(cudaProfilerStart());
+  replay();
+  dualcast::synchronize(group.device);
+  DCEXP_CUDA(cudaProfilerStop());
+#else
+  (void)replay;
+#endif
 }
 
 json bench(const Options& o, const hmlstm::NetworkConfig& global, dcexp::DataParallelRun& group) {
@@ -166,6 +194,7 @@ json bench(const Options& o, const hmlstm::NetworkConfig& global, dcexp::DataPar
     first = dcexp::summary_json(t.primary());
     std::printf("%-10s %10d %12.3f %12.3f   (compute only, before the data-parallel layer existed)\n", "local",
                 group.size(), t.primary().median, t.primary().p90);
+    if (o.profile_first) profile_once(group, [&] { g0.replay(); });
   }
   if (group.size() > 1) ddp = std::make_unique<dualcast::dist::DataParallel>(
         *group.comm, net.params(), dualcast::dist::DataParallelOptions::with_bucket_mib(o.bucket_mib));
@@ -180,6 +209,7 @@ json bench(const Options& o, const hmlstm::NetworkConfig& global, dcexp::DataPar
     first_again = dcexp::summary_json(t.primary());
     std::printf("%-10s %10d %12.3f %12.3f   (the same graph, replayed once DataParallel exists)\n", "local",
                 group.size(), t.primary().median, t.primary().p90);
+    if (o.profile_first) profile_once(group, [&] { replay_first(0); });
   }
   auto step = [&] {
     opt.zero_grad();
