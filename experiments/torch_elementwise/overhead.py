@@ -17,11 +17,13 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "python"))
+sys.path.insert(0, os.path.join(ROOT, "experiments", "common"))
 
 import torch  # noqa: E402
 
 from dualcast import jit  # noqa: E402
 from dualcast.torch import elementwise  # noqa: E402
+from torch_timing import summary  # noqa: E402
 
 CELL = """
     if (z == 1) return sigmoid(i) * tanh(g);
@@ -48,8 +50,7 @@ def host_us(fn, reps, sync):
             fn()
         per.append((time.perf_counter() - t0) / reps * 1e6)
         sync()
-    per.sort()
-    return per[len(per) // 2]
+    return summary(per)["median"]
 
 
 def first_compile_and_disk(device):

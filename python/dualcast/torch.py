@@ -181,12 +181,10 @@ class _Function(torch.autograd.Function):
         ctx.input_shapes = [tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in args]
         ctx.input_dtypes = [a.dtype if isinstance(a, torch.Tensor) else None for a in args]
         ctx.wanted = wanted
-        if not wanted:
-            pass
-        elif store:
+        if wanted and store:
             ctx.save_for_backward(*[p for p in parts if p is not None])
             ctx.layout = [p is not None for p in parts]
-        else:  # the inputs themselves, so that PyTorch refuses a backward after one changed in place
+        elif wanted:  # the inputs themselves, so that PyTorch refuses a backward after one changed in place
             ctx.numbers = [None if isinstance(a, torch.Tensor) else a for a in args]
             ctx.save_for_backward(*[a for a in args if isinstance(a, torch.Tensor)])
         return tuple(outs)

@@ -100,10 +100,10 @@ def _register(spec, name):
     kernels = {}  # (spec, dtype name, device) -> kernel: an op call does not regenerate the source
 
     def kernel_of(s, dtype, device):
-        k = kernels.get((id(s), dtype, device))
-        if k is None:
-            k = kernels[(id(s), dtype, device)] = compiled_kernel(s, dtype, device)
-        return k
+        key = (s is grad_spec, dtype, device)
+        if key not in kernels:
+            kernels[key] = compiled_kernel(s, dtype, device)
+        return kernels[key]
 
     @torch.library.custom_op(name, mutates_args=())
     def forward(xs: List[torch.Tensor], dtype: str) -> List[torch.Tensor]:
