@@ -16,10 +16,10 @@ import hashlib
 import os
 import threading
 
-from . import jit
+from . import cuda_kernel, jit
 
 SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nvrtc_include")
-THREADS = 256
+THREADS = cuda_kernel.THREADS
 
 
 def cuda_home():
@@ -187,8 +187,31 @@ class _InContext:
         driver().cuCtxPopCurrent_v2(ctypes.byref(popped))
 
 
+def _resident_blocks(fn):
+    """Blocks of THREADS threads of fn that fit on one multiprocessor at once (its registers decide;
+    cuda_kernel's default where the driver cannot say)."""
+    n = ctypes.c_int()
+    rc = driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(n), fn, THREADS, ctypes.c_size_t(0))
+    return n.value if rc == 0 and n.value > 0 else cuda_kernel.FAST_BLOCKS_PER_SM
+
+
+def args_type(spec):
+    """The ctypes twin of cuda_kernel.KERNEL's Args for spec, field for field (a test compares the
+    two layouts)."""
+    nin, nout, npart = spec.n_in, spec.n_out, max(spec.n_partials, 1)
+
+    class Args(ctypes.Structure):
+        _fields_ = [("n", ctypes.c_int64), ("ndim", ctypes.c_int64), ("rowwise", ctypes.c_int64),
+                    ("unit", ctypes.c_uint64), ("vec", ctypes.c_int64),
+                    ("shape", ctypes.c_int64 * jit.MAX_DIMS),
+                    ("in_", ctypes.c_void_p * nin), ("in_strides", ctypes.c_int64 * (nin * jit.MAX_DIMS)),
+                    ("out", ctypes.c_void_p * nout), ("partials", ctypes.c_void_p * npart)]
+    return Args
+
+
 class CudaKernel:
-    """(spec, dtype) on one GPU: a loaded module and its two entry points (32- and 64-bit indices)."""
+    """(spec, dtype) on one GPU: a loaded module and its three entry points (the general walk with 32-
+    and 64-bit indices, the fast walk with 32: cuda_kernel.py), one picked per call shape."""
 
     def __init__(self, spec, dtype, device):
         self.spec, self.dtype, self.device = spec, dtype, device
@@ -206,48 +229,34 @@ class CudaKernel:
         self._fn = {}
         with _InContext(self._ctx):
             _cu_check(cu.cuModuleLoadData(ctypes.byref(self._module), ctypes.c_char_p(cubin)), "cuModuleLoadData")
-            for bits in (32, 64):
+            for walk, name, bits in (("general", "kernel", 32), ("general", "kernel", 64), ("fast", "fast", 32)):
                 f = ctypes.c_void_p()
-                _cu_check(cu.cuModuleGetFunction(ctypes.byref(f), self._module, b"dualcast_jit_kernel%d" % bits),
-                          "cuModuleGetFunction")
-                self._fn[bits] = f
-        nin, nout, npart = spec.n_in, spec.n_out, max(spec.n_partials, 1)
-
-        class Args(ctypes.Structure):  # jit._CUDA_KERNEL's Args, field for field
-            _fields_ = [("n", ctypes.c_int64), ("ndim", ctypes.c_int64), ("rowwise", ctypes.c_int64),
-                        ("shape", ctypes.c_int64 * jit.MAX_DIMS),
-                        ("in_", ctypes.c_void_p * nin), ("in_strides", ctypes.c_int64 * (nin * jit.MAX_DIMS)),
-                        ("out", ctypes.c_void_p * nout), ("partials", ctypes.c_void_p * npart)]
-        self._Args = Args
+                _cu_check(cu.cuModuleGetFunction(ctypes.byref(f), self._module, b"dualcast_jit_%s%d" % (
+                    name.encode(), bits)), "cuModuleGetFunction")
+                self._fn[(walk, bits)] = f
+            self._fast_blocks = _resident_blocks(self._fn[("fast", 32)])
+        self._Args = args_type(spec)
+        self._itemsize = {"float32": 4, "float64": 8}[dtype]
         self._plans = jit.LaunchPlans(spec)
 
     def _plan(self, shape, in_strides):
-        """(Args with the shape and strides filled in, grid, entry point) of a call shape, or None for
-        an empty one."""
+        """(Args with the shape, strides and walk filled in, the cuda_kernel.Plan (walk, grid), entry
+        point) of a coalesced call shape, or None for an empty one."""
         nd = len(shape)
         if nd > jit.MAX_DIMS:
             raise ValueError("dualcast.elementwise: a %d-dimensional broadcast shape; at most %d" % (nd, jit.MAX_DIMS))
-        n = 1
-        for d in shape:
-            n *= d
-        if n == 0:
+        p = cuda_kernel.plan(shape, in_strides, self._itemsize, self.sms, fast=_fast_walk,
+                             fast_blocks_per_sm=self._fast_blocks)
+        if p is None:
             return None
         a = self._Args()
-        a.n, a.ndim = n, nd
+        a.n, a.ndim, a.rowwise, a.unit = p.n, nd, int(p.walk == "rowwise"), p.unit
         for d, size in enumerate(shape):
             a.shape[d] = size
         for i, st in enumerate(in_strides):
             for d, x in enumerate(st):
                 a.in_strides[i * jit.MAX_DIMS + d] = x
-        cap = self.sms * 16  # blocks: enough to fill the GPU, each then loops
-        cols = shape[-1] if nd else 1
-        if nd >= 2 and cols >= THREADS // 2:  # rows of at least half a block: the rowwise walk
-            a.rowwise = 1
-            gx = min((cols + THREADS - 1) // THREADS, cap)
-            grid = (gx, min(n // cols, max(1, cap // gx), 65535))
-        else:
-            grid = (min((n + THREADS - 1) // THREADS, cap), 1)
-        return bytes(a), grid, self._fn[32 if n < 2 ** 31 else 64]
+        return bytes(a), p, self._fn[("fast" if p.walk == "fast" else "general", p.bits)]
 
     def run(self, stream, shape, inputs, in_strides, outputs, partials):
         """As jit.Kernel.run, on device memory, queued on `stream` (a CUstream handle; 0: the legacy
@@ -255,18 +264,31 @@ class CudaKernel:
         plan = self._plans.get(shape, inputs, in_strides, outputs, partials, self._plan)
         if plan is None:
             return  # nothing to compute
-        template, grid, fn = plan
-        a = self._Args.from_buffer_copy(template)  # the shape and strides; the addresses per call
+        template, p, fn = plan
+        a = self._Args.from_buffer_copy(template)  # the shape, strides and walk; the addresses per call
         a.in_[:] = inputs
         a.out[:] = outputs
         a.partials[:len(partials)] = partials
+        a.vec = cuda_kernel.vector_ok(p, inputs, outputs, partials)  # a view may start mid-vector
         params = (ctypes.c_void_p * 1)(ctypes.addressof(a))  # one parameter: the Args struct, by value
         with _InContext(self._ctx):
-            _cu_check(driver().cuLaunchKernel(fn, grid[0], grid[1], 1, THREADS, 1, 1, 0, ctypes.c_void_p(stream),
-                                              params, None), "cuLaunchKernel of %d x %d blocks" % grid)
+            _cu_check(driver().cuLaunchKernel(fn, p.grid[0], p.grid[1], 1, THREADS, 1, 1, 0, ctypes.c_void_p(stream),
+                                              params, None), "cuLaunchKernel of %d x %d blocks" % p.grid)
 
 
 _kernels = {}
+_fast_walk = True
+
+
+def set_fast_walk(enabled):
+    """Whether calls may take the fast walk (True, the default). False sends every call through the
+    general walk, to compare the two bit for bit (tests/test_torch.py) or to measure the difference;
+    the call-shape plans made so far are dropped."""
+    global _fast_walk
+    with _lock:
+        _fast_walk = bool(enabled)
+        for k in _kernels.values():
+            k._plans = jit.LaunchPlans(k.spec)
 
 
 def compile_kernel(spec, dtype, device):

@@ -29,7 +29,7 @@ import subprocess
 import tempfile
 import threading
 
-from . import __version__
+from . import __version__, cuda_kernel, results
 
 ABI_VERSION = 1
 MAX_DIFFERENTIATED = 16  # partials per dual number: the registers a GPU thread can hold
@@ -121,7 +121,7 @@ class Spec:
 
     def source(self, dtype, target="cpu"):
         """The translation unit for dtype ('float32' or 'float64') and target ('cpu': the host
-        compiler's, entry dualcast_jit_run; 'cuda': NVRTC's, kernels dualcast_jit_kernel32/64)."""
+        compiler's, entry dualcast_jit_run; 'cuda': NVRTC's, kernels dualcast_jit_kernel32/64 and dualcast_jit_fast32: cuda_kernel.py)."""
         if dtype not in DTYPES:
             raise TypeError("dualcast.elementwise: dtype %s is not supported (float32, float64)" % dtype)
         nin = len(self.inputs)
@@ -130,10 +130,12 @@ class Spec:
             NPART=max(self.n_partials, 1), ABI=ABI_VERSION, MAXDIM=MAX_DIMS,
             params=", ".join(("D " if n in self.differentiable else "T ") + n for n in self.inputs),
             args=", ".join("x%d" % i for i in range(nin)), body_file=BODY_FILE, body=self.body)
-        kernel = {"cpu": _CPU_KERNEL, "cuda": _CUDA_KERNEL}[target]
+        kernel = {"cpu": _CPU_KERNEL, "cuda": cuda_kernel.KERNEL}[target]
         store = _GRADIENT_STORES if self.gradient_kernel else _VALUES_ONLY_STORES if self.values_only else _VALUE_STORES
-        fields["result_type"] = _VALUE_RESULT if self.values_only else _DUAL_RESULT
-        for name, where in (("loads", target), ("tile_loads", "tile")):  # (the CUDA kernel has no tiles)
+        fields["result_type"] = results.VALUE_RESULT if self.values_only else results.DUAL_RESULT
+        fields["threads"] = cuda_kernel.THREADS
+        # Both targets' tiles (CPU) and chunks (CUDA's fast walk) hold W lanes: xs[input][e].
+        for name, where in (("loads", target), ("tile_loads", "tile")):
             lines = [_load_line(i, n, self.differentiable, where, self.values_only) for i, n in enumerate(self.inputs)]
             if self.gradient_kernel:  # the output gradients follow the inputs
                 lines.append("      const T g[M] = {%s};" % ", ".join(
@@ -342,126 +344,6 @@ extern "C" int dualcast_jit_run(const Args* a) {{
 }}
 """
 
-# What the body's results are. A dual kernel evaluates on Dual<T, K>; a values kernel
-# (Spec.values(): the recompute policy's forward) on plain T, with D naming T, so that the compiler
-# computes no derivative nobody stores (the C++ library's DUAL=false bodies).
-_DUAL_RESULT = """using D = dualcast::Dual<T, K>;
-
-// Field by field, never as a block copy: GCC keeps such a dual in registers across the lanes of a
-// CPU tile, where a struct copy is a memory reference that stops it vectorising (dual.hpp's rule).
-struct Out {
-  D v;
-  DUALCAST_HD DUALCAST_INLINE Out(const D& d) {
-    v.val = d.val;
-DUALCAST_UNROLL
-    for (int k = 0; k < K; ++k) v.d[k] = d.d[k];
-  }
-  template <class A, std::enable_if_t<std::is_arithmetic_v<A>, int> = 0>
-  DUALCAST_HD DUALCAST_INLINE Out(A a) {
-    v.val = static_cast<T>(a);
-DUALCAST_UNROLL
-    for (int k = 0; k < K; ++k) v.d[k] = T(0);
-  }
-};"""
-_VALUE_RESULT = """// A differentiated input as a plain number with a dual's rules, so that the values kernel computes
-// exactly the values of the dual kernel: a number of another type next to it is converted to T
-// first (x * 0.1 multiplies by 0.1f for float T, as Dual<float, K> does, not in double),
-// comparisons and functions go through T, and partial() does not compile (a dual-only notion).
-struct Num {
-  T v;
-};
-using D = Num;
-template <class S>
-constexpr bool num_scalar = std::is_arithmetic_v<S>;
-#define DUALCAST_NUM_BINARY(op)                                                                     \
-  DUALCAST_HD DUALCAST_INLINE Num operator op(Num a, Num b) { return {a.v op b.v}; }                \
-  template <class S, std::enable_if_t<num_scalar<S>, int> = 0>                                      \
-  DUALCAST_HD DUALCAST_INLINE Num operator op(Num a, S s) { return {a.v op static_cast<T>(s)}; }    \
-  template <class S, std::enable_if_t<num_scalar<S>, int> = 0>                                      \
-  DUALCAST_HD DUALCAST_INLINE Num operator op(S s, Num a) { return {static_cast<T>(s) op a.v}; }    \
-  DUALCAST_HD DUALCAST_INLINE Num& operator op##=(Num& a, Num b) { a.v = a.v op b.v; return a; }    \
-  template <class S, std::enable_if_t<num_scalar<S>, int> = 0>                                      \
-  DUALCAST_HD DUALCAST_INLINE Num& operator op##=(Num& a, S s) { a.v = a.v op static_cast<T>(s); return a; }
-DUALCAST_NUM_BINARY(+)
-DUALCAST_NUM_BINARY(-)
-DUALCAST_NUM_BINARY(*)
-DUALCAST_NUM_BINARY(/)
-#undef DUALCAST_NUM_BINARY
-DUALCAST_HD DUALCAST_INLINE Num operator+(Num a) { return a; }
-DUALCAST_HD DUALCAST_INLINE Num operator-(Num a) { return {-a.v}; }
-#define DUALCAST_NUM_COMPARE(op)                                                                    \
-  DUALCAST_HD DUALCAST_INLINE bool operator op(Num a, Num b) { return a.v op b.v; }                 \
-  template <class S, std::enable_if_t<num_scalar<S>, int> = 0>                                      \
-  DUALCAST_HD DUALCAST_INLINE bool operator op(Num a, S s) { return a.v op static_cast<T>(s); }     \
-  template <class S, std::enable_if_t<num_scalar<S>, int> = 0>                                      \
-  DUALCAST_HD DUALCAST_INLINE bool operator op(S s, Num a) { return static_cast<T>(s) op a.v; }
-DUALCAST_NUM_COMPARE(==)
-DUALCAST_NUM_COMPARE(!=)
-DUALCAST_NUM_COMPARE(<)
-DUALCAST_NUM_COMPARE(<=)
-DUALCAST_NUM_COMPARE(>)
-DUALCAST_NUM_COMPARE(>=)
-#undef DUALCAST_NUM_COMPARE
-
-// The library's functions on a Num: its value through math.hpp's function of T; numbers mixed in
-// are converted to T first. (Declared with math.hpp's own, which these would otherwise hide.)
-DUALCAST_HD DUALCAST_INLINE T as_t(Num a) { return a.v; }
-template <class S, std::enable_if_t<num_scalar<S>, int> = 0>
-DUALCAST_HD DUALCAST_INLINE T as_t(S s) { return static_cast<T>(s); }
-template <class... A>
-constexpr bool any_num = (std::is_same_v<A, Num> || ...);
-template <class... A>
-constexpr bool num_args = any_num<A...> && ((std::is_same_v<A, Num> || num_scalar<A>) && ...);
-#define DUALCAST_NUM_UNARY(f)                                                                       \
-  using dualcast::f;                                                                                \
-  DUALCAST_HD DUALCAST_INLINE Num f(Num a) { return {dualcast::f(a.v)}; }
-DUALCAST_NUM_UNARY(abs)
-DUALCAST_NUM_UNARY(cbrt)
-DUALCAST_NUM_UNARY(cos)
-DUALCAST_NUM_UNARY(erf)
-DUALCAST_NUM_UNARY(exp)
-DUALCAST_NUM_UNARY(expm1)
-DUALCAST_NUM_UNARY(gelu)
-DUALCAST_NUM_UNARY(log)
-DUALCAST_NUM_UNARY(log1p)
-DUALCAST_NUM_UNARY(relu)
-DUALCAST_NUM_UNARY(sigmoid)
-DUALCAST_NUM_UNARY(sin)
-DUALCAST_NUM_UNARY(softplus)
-DUALCAST_NUM_UNARY(sqrt)
-DUALCAST_NUM_UNARY(tan)
-DUALCAST_NUM_UNARY(tanh)
-#undef DUALCAST_NUM_UNARY
-#define DUALCAST_NUM_BINARY_FN(f)                                                                   \
-  using dualcast::f;                                                                                \
-  template <class A, class B, std::enable_if_t<num_args<A, B>, int> = 0>                            \
-  DUALCAST_HD DUALCAST_INLINE Num f(A a, B b) { return {dualcast::f(as_t(a), as_t(b))}; }
-DUALCAST_NUM_BINARY_FN(pow)
-DUALCAST_NUM_BINARY_FN(hypot)
-DUALCAST_NUM_BINARY_FN(min)
-DUALCAST_NUM_BINARY_FN(max)
-#undef DUALCAST_NUM_BINARY_FN
-using dualcast::clamp;
-template <class X, class L, class H, std::enable_if_t<num_args<X, L, H>, int> = 0>
-DUALCAST_HD DUALCAST_INLINE Num clamp(X x, L lo, H hi) { return {dualcast::clamp(as_t(x), as_t(lo), as_t(hi))}; }
-using dualcast::fma;
-template <class A, class B, class C, std::enable_if_t<num_args<A, B, C>, int> = 0>
-DUALCAST_HD DUALCAST_INLINE Num fma(A a, B b, C c) { return {dualcast::fma(as_t(a), as_t(b), as_t(c))}; }
-using dualcast::select;
-template <class A, class B, std::enable_if_t<num_args<A, B>, int> = 0>
-DUALCAST_HD DUALCAST_INLINE Num select(bool c, A a, B b) { return {c ? as_t(a) : as_t(b)}; }
-using dualcast::value;
-DUALCAST_HD DUALCAST_INLINE T value(Num a) { return a.v; }
-using dualcast::partial;
-T partial(Num, int) = delete;  // a values kernel has no partials: the dual kernel runs instead
-
-struct Out {
-  T v;
-  DUALCAST_HD DUALCAST_INLINE Out(Num n) : v(n.v) {}
-  template <class A, std::enable_if_t<std::is_arithmetic_v<A>, int> = 0>
-  DUALCAST_HD DUALCAST_INLINE Out(A a) : v(static_cast<T>(a)) {}
-};"""
-
 
 # How a kernel keeps what the body returned. A value kernel writes each output's value and the
 # wanted partials; a gradient kernel (Spec.gradient) contracts the partials with the output
@@ -481,11 +363,13 @@ _GRADIENT_STORE = """      for (int j = 0; j < K; ++j)
         }"""
 
 
-def _stores(store, tile_result, tile_keep, tile_store):
+def _stores(store, tile_result, tile_keep, tile_store, kind):
+    # The CUDA fast walk keeps its W lanes in the CPU tile's arrays with the CPU tile's code (the same
+    # float operations as the element-by-element store, in the same order), then stores them its way.
     cpu = dict(store=store.replace("OUT(", "OUTP(a->out, ").replace("PART(", "OUTP(a->partials, "),
                tile_result=tile_result, tile_keep=tile_keep, tile_store=tile_store)
     cuda = dict(store=store.replace("OUT(", "OUTP(a.out, ").replace("PART(", "OUTP(a.partials, "),
-                tile_result="", tile_keep="", tile_store="")
+                tile_result=tile_result, tile_keep=tile_keep, tile_store=cuda_kernel.TILE_STORES[kind])
     return {"cpu": cpu, "cuda": cuda}
 
 
@@ -501,14 +385,14 @@ _VALUE_STORES = _stores(_VALUE_STORE, "  T r[M][1 + K][W];", """\
     for (int j = 0; j < K; ++j)
       if (T* q = static_cast<T*>(a->partials[m * K + j]))
         for (int e = 0; e < W; ++e) q[e0 + e] = r[m][1 + j][e];
-  }""")
+  }""", "dual")
 _VALUES_ONLY_STORE = """      for (int m = 0; m < M; ++m) OUT(m)[e] = out_at(res, m).v;"""
 _VALUES_ONLY_STORES = _stores(_VALUES_ONLY_STORE, "  T r[M][W];", """\
     for (int m = 0; m < M; ++m) r[m][e] = out_at(res, m).v;""", """\
   for (int m = 0; m < M; ++m) {
     T* out = static_cast<T*>(a->out[m]) + e0;
     for (int e = 0; e < W; ++e) out[e] = r[m][e];
-  }""")
+  }""", "values")
 _GRADIENT_STORES = _stores(_GRADIENT_STORE, "  T r[K][W];", """\
     for (int j = 0; j < K; ++j) {
       T sum = T(0);
@@ -517,78 +401,7 @@ _GRADIENT_STORES = _stores(_GRADIENT_STORE, "  T r[K][W];", """\
     }""", """\
   for (int j = 0; j < K; ++j)
     if (T* q = static_cast<T*>(a->out[j]))
-      for (int e = 0; e < W; ++e) q[e0 + e] = r[j][e];""")
-
-# CUDA: one thread per output element, grid-stride. A call of rows long enough to fill a block
-# (rowwise) walks rows (every dimension but the last) over blockIdx.y and each row's elements over x:
-# a row's input offsets come from one index decomposition and its elements add the last stride, so
-# no element divides. Otherwise one flat walk: no index arithmetic when the call coalesced to one
-# dimension, else the element's offsets from its index. 32-bit indices when the call has fewer than
-# 2^31 elements. The arguments travel by value.
-_CUDA_KERNEL = r"""
-namespace {{
-struct Args {{
-  std::int64_t n, ndim, rowwise;
-  std::int64_t shape[MAXDIM];
-  const void* in[NIN];
-  std::int64_t in_strides[NIN][MAXDIM];  // in elements
-  void* out[NOUT];
-  void* partials[NPART];                 // null: not wanted
-}};
-
-template <class I>
-__device__ __forceinline__ void element(const Args& a, const std::int64_t (&o)[NIN], I e) {{
-{loads}
-    const Ret res = user_body({args});
-{store}
-}}
-
-template <class I>
-__device__ void run(const Args& a) {{
-  const int nd = static_cast<int>(a.ndim);
-  if (a.rowwise) {{
-    const I cols = static_cast<I>(a.shape[nd - 1]);
-    const I rows = static_cast<I>(a.n) / cols;
-    for (I r = blockIdx.y; r < rows; r += gridDim.y) {{
-      std::int64_t base[NIN] = {{}};
-      I rest = r;
-      for (int d = nd - 2; d >= 0; --d) {{
-        const I size = static_cast<I>(a.shape[d]);
-        const I i = rest % size;
-        rest /= size;
-        for (int k = 0; k < NIN; ++k) base[k] += static_cast<std::int64_t>(i) * a.in_strides[k][d];
-      }}
-      for (I c = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; c < cols; c += static_cast<I>(gridDim.x) * blockDim.x) {{
-        std::int64_t o[NIN];
-        for (int k = 0; k < NIN; ++k) o[k] = base[k] + static_cast<std::int64_t>(c) * a.in_strides[k][nd - 1];
-        element<I>(a, o, r * cols + c);
-      }}
-    }}
-    return;
-  }}
-  const I n = static_cast<I>(a.n);
-  for (I e = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += static_cast<I>(gridDim.x) * blockDim.x) {{
-    std::int64_t o[NIN] = {{}};
-    if (nd == 1) {{  // coalesced (coalesce() in jit.py): no index arithmetic
-      for (int k = 0; k < NIN; ++k) o[k] = static_cast<std::int64_t>(e) * a.in_strides[k][0];
-    }} else {{
-      I rest = e;
-      for (int d = nd - 1; d >= 0; --d) {{
-        const I size = static_cast<I>(a.shape[d]);
-        const I i = rest % size;
-        rest /= size;
-        for (int k = 0; k < NIN; ++k) o[k] += static_cast<std::int64_t>(i) * a.in_strides[k][d];
-      }}
-    }}
-    element<I>(a, o, e);
-  }}
-}}
-}}  // namespace
-
-extern "C" __global__ void dualcast_jit_kernel32(const Args a) {{ run<std::uint32_t>(a); }}
-extern "C" __global__ void dualcast_jit_kernel64(const Args a) {{ run<std::int64_t>(a); }}
-"""
-
+      for (int e = 0; e < W; ++e) q[e0 + e] = r[j][e];""", "gradient")
 
 def coalesce(shape, in_strides):
     """The same element walk over fewer dimensions: size-1 dimensions dropped, and a dimension merged

@@ -1,8 +1,14 @@
 """dualcast.cuda's compile half, which needs NVRTC but no GPU: the generated CUDA source of every kind
-of body compiles to a cubin for the H100/H200 (sm_90), is cached on disk, and a body error names the
-user's line as on the CPU. Launching the kernels needs a GPU: test_torch.py, on the GPU machine."""
+of body compiles to a cubin for the H100/H200 (sm_90) with all three entry points (the fast walk:
+16-byte vectors or lane by lane, a row's tail element by element, rows with broadcast columns; the
+general walk with 32- and 64-bit indices: every path is in every cubin), the fast walk's PTX
+has the vector loads and stores and ptxas neither spills nor runs away with registers; cubins are
+cached on disk, and a body error names the user's line as on the CPU. Launching the kernels needs a
+GPU: test_torch.py, on the GPU machine."""
 
+import ctypes
 import os
+import re
 import subprocess
 import sys
 
@@ -25,18 +31,79 @@ CELL = """
 """
 
 
+ENTRIES = [b"dualcast_jit_kernel32", b"dualcast_jit_kernel64", b"dualcast_jit_fast32"]
+
+
 def is_cubin(blob):
-    return blob[:4] == b"\x7fELF" and len(blob) > 1000
+    return blob[:4] == b"\x7fELF" and len(blob) > 1000 and all(e in blob for e in ENTRIES)
 
 
 def test_every_kind_of_body_compiles_to_a_cubin():
     specs = [jit.Spec(CELL, "z zb c f i g", "c f i g"),
              jit.Spec("return {a * b, sin(a) + exp(b)};", "a b", "a b", outputs=2),
+             jit.Spec("return {a * b, a - c, T(2) * c};", "a b c", "a c", outputs=3),
              jit.Spec("if (x > y) return x * x * y; return 0;", "x y", "x"),
+             jit.Spec("return x * y + 1;", "x y", ""),  # nothing differentiated: no gradient kernel
              jit.Spec("return pow(x, 3.0) + log1p(abs(x)) + erf(x) - sqrt(x * x + 1);", "x", "x")]
-    for spec in specs + [spec.gradient() for spec in specs] + [spec.values() for spec in specs]:
+    kinds = specs + [spec.gradient() for spec in specs if spec.k] + [spec.values() for spec in specs]
+    for spec in kinds:
         for dtype in ("float32", "float64"):
             assert is_cubin(cuda.compile_cubin(spec, dtype, ARCH)), (spec.body, dtype)
+
+
+def nvrtc_ptx(spec, dtype):
+    """(PTX, ptxas's -v report) of spec's CUDA source, compiled as compile_cubin does."""
+    lib = cuda.nvrtc()
+    prog = ctypes.c_void_p()
+    assert lib.nvrtcCreateProgram(ctypes.byref(prog), spec.source(dtype, "cuda").encode(), b"t.cu", 0, None,
+                                  None) == 0
+    try:
+        opts = cuda.options(ARCH) + ["--ptxas-options=-v"]
+        rc = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts]))
+        n = ctypes.c_size_t()
+        lib.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
+        log = ctypes.create_string_buffer(n.value)
+        lib.nvrtcGetProgramLog(prog, log)
+        assert rc == 0, log.value.decode()
+        lib.nvrtcGetPTXSize(prog, ctypes.byref(n))
+        ptx = ctypes.create_string_buffer(n.value)
+        lib.nvrtcGetPTX(prog, ptx)
+        return ptx.value.decode(), log.value.decode()
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+def entry(ptx, name):
+    m = re.search(r"\.entry %s\(.*?\n\}\n" % name, ptx, re.S)
+    assert m, name
+    return m.group(0)
+
+
+def ptxas_report(log, name):
+    """(registers, spill bytes) of one entry point in ptxas's -v report."""
+    m = re.search(r"Compiling entry function '%s'.*?(\d+) bytes spill stores, (\d+) bytes spill loads.*?"
+                  r"Used (\d+) registers" % name, log, re.S)
+    assert m, (name, log)
+    return int(m.group(3)), int(m.group(1)) + int(m.group(2))
+
+
+def test_the_fast_walk_moves_16_byte_vectors_and_fits_its_registers():
+    # Workload a's two kernels (the recompute policy's values forward and its gradient): the fast
+    # walk reads each input and writes each output with one 16-byte access per W elements, the
+    # general walk keeps scalar accesses, and the unrolled lanes neither spill nor need more than
+    # half the register file's share of a 256-thread block.
+    spec = jit.Spec(CELL, "z zb c f i g", "c f i g")
+    for kernel, nin, nout in ((spec.values(), 6, 1), (spec.gradient(), 7, 4)):
+        for dtype, v in (("float32", "v4.f32"), ("float64", "v2.f64")):
+            ptx, log = nvrtc_ptx(kernel, dtype)
+            fast = entry(ptx, "dualcast_jit_fast32")
+            assert fast.count("ld.global.nc.%s" % v) == nin, (kernel, dtype)
+            assert fast.count("st.global.%s" % v) == nout, (kernel, dtype)
+            for bits in (32, 64):
+                general = entry(ptx, "dualcast_jit_kernel%d" % bits)
+                assert "ld.global.nc.%s" % v not in general and "st.global.%s" % v not in general
+            regs, spill = ptxas_report(log, "dualcast_jit_fast32")
+            assert regs <= 128 and spill == 0, (type(kernel).__name__, dtype, regs, spill)
 
 
 def test_a_cubin_comes_from_the_disk_cache_the_second_time():
@@ -94,3 +161,96 @@ def test_every_driver_call_names_the_symbol_cuda_h_maps_it_to():
     assert "cuLaunchKernel" in called and "cuCtxPushCurrent_v2" in called, sorted(called)
     stale = sorted(name for name in called if name in renamed)
     assert not stale, "call %s instead" % ", ".join("%s as %s" % (n, renamed[n]) for n in stale)
+
+
+class FakeDriver:
+    """The few driver calls dualcast.cuda makes, answered in Python: a CudaKernel is made and
+    launched on a machine without a GPU, and each launch's entry point, grid and Args are recorded."""
+
+    def __init__(self):
+        self.names, self.launches = {}, []
+
+    def __getattr__(self, name):  # cuInit, cuCtxPushCurrent_v2, cuCtxPopCurrent_v2, cuModuleLoadData
+        return lambda *args: 0
+
+    def cuDeviceGet(self, ref, index):
+        ref._obj.value = index
+        return 0
+
+    def cuDevicePrimaryCtxRetain(self, ref, dev):
+        ref._obj.value = 0x1000
+        return 0
+
+    def cuDeviceGetAttribute(self, ref, attr, dev):
+        ref._obj.value = {75: 9, 76: 0, 16: 132}[attr]  # compute capability 9.0, 132 multiprocessors
+        return 0
+
+    def cuModuleGetFunction(self, ref, module, name):
+        ref._obj.value = 0x2000 + len(self.names)
+        self.names[ref._obj.value] = name.decode()
+        return 0
+
+    def cuOccupancyMaxActiveBlocksPerMultiprocessor(self, ref, fn, threads, smem):
+        ref._obj.value = 4
+        return 0
+
+    def cuLaunchKernel(self, fn, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+        self.launches.append((self.names[fn.value], (gx, gy, gz), (bx, by, bz), params[0]))
+        return 0
+
+
+def test_a_launch_picks_its_entry_point_grid_and_vectors_per_call():
+    # dualcast.cuda's host half against a fake driver: the Args bytes each launch passes, read back.
+    from dualcast import cuda_kernel
+    spec = jit.Spec("if (x > y) return x * y; return y - x;", "x y", "x y")
+    fake, saved = FakeDriver(), cuda._cuda
+    cuda._cuda = fake
+    try:
+        for kernel_spec, dtype in ((spec.values(), "float32"), (spec.gradient(), "float64")):
+            k = cuda.CudaKernel(kernel_spec, dtype, 0)
+            nin, nout = kernel_spec.n_in, kernel_spec.n_out
+            w = cuda_kernel.lanes(k._itemsize)
+            base = 0x7F0000000000
+
+            def launch(shape, strides, offset=0):
+                fake.launches.clear()
+                ins = [base + 4096 * i + (offset if i == 0 else 0) for i in range(nin)]
+                outs = [base + 2 ** 30 + 4096 * m for m in range(nout)]
+                k.run(0, shape, ins, [strides[i % len(strides)] for i in range(nin)], outs, [])
+                if not fake.launches:
+                    return None
+                (name, grid, block, addr), = fake.launches
+                a = k._Args.from_buffer_copy(ctypes.string_at(addr, ctypes.sizeof(k._Args)))
+                assert block == (cuda.THREADS, 1, 1) and list(a.in_) == ins and list(a.out) == outs
+                return name, grid, a
+
+            name, grid, a = launch([4, 8191], [[8191, 1], [0, 0]])  # coalesced: one row, aligned
+            assert name == "dualcast_jit_fast32" and a.ndim == 1 and a.shape[0] == 4 * 8191, name
+            assert a.vec == 1 and a.unit == sum(1 << i for i in range(nin) if i % 2 == 0) and a.rowwise == 0
+            assert grid == (min(-(-4 * 8191 // (cuda.THREADS * w)), 132 * 4), 1, 1), grid
+            # The same call shape from a view starting at element 1: the plan is reused, vectors are not.
+            name, _, a = launch([4, 8191], [[8191, 1], [0, 0]], offset=k._itemsize)
+            assert name == "dualcast_jit_fast32" and a.vec == 0
+            # Rows with a broadcast column; the rows' strides and the grid over blockIdx.y.
+            name, grid, a = launch([8192, 8192], [[8192, 1], [1, 0]])
+            assert name == "dualcast_jit_fast32" and a.ndim == 2 and a.vec == 1, name
+            assert list(a.in_strides[:2]) == [8192, 1] and list(a.in_strides[cuda.jit.MAX_DIMS:][:2]) == [1, 0]
+            assert grid[0] * grid[1] <= 132 * 4 and grid[1] > 1, grid
+            # 2^31 elements: the general walk's 64-bit entry (nothing is read: the driver is a fake).
+            name, _, a = launch([2 ** 16, 2 ** 15], [[2 ** 15, 1], [1, 0]])
+            assert name == "dualcast_jit_kernel64" and a.rowwise == 1 and a.vec == 0, name
+            # A strided last dimension: the general walk; a short row: flat.
+            name, _, a = launch([300, 4096], [[1, 300], [4096, 1]])
+            assert name == "dualcast_jit_kernel32" and a.rowwise == 1 and a.vec == 0, name
+            assert launch([0, 5], [[5, 1], [0, 1]]) is None  # empty: no launch
+            cuda._kernels[("test", id(k))] = k  # (so that set_fast_walk drops its plans)
+            try:
+                cuda.set_fast_walk(False)
+                name, _, a = launch([4, 8191], [[8191, 1], [0, 0]])
+                assert name == "dualcast_jit_kernel32" and a.vec == 0 and a.rowwise == 0, name
+            finally:
+                cuda.set_fast_walk(True)
+                del cuda._kernels[("test", id(k))]
+            assert launch([4, 8191], [[8191, 1], [0, 0]])[0] == "dualcast_jit_fast32"
+    finally:
+        cuda._cuda = saved

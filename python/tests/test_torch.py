@@ -277,6 +277,111 @@ def test_gpu_equals_cpu_on_long_rows_of_three_dimensional_broadcasts():
                     torch.testing.assert_close(y.grad.cpu(), x.grad, rtol=1e-12, atol=1e-12)
 
 
+def _fast_walk_cases(dtype):
+    """(name, the cell's six inputs on the GPU, the walk and vectors the call should take) for
+    dualcast.cuda's fast walk: odd lengths (a tail), views starting mid-vector, rows with broadcast
+    columns, numbers (stride 0), and one call the general walk keeps."""
+    gen = torch.Generator(device="cuda").manual_seed(11)
+
+    def r(*shape):
+        return torch.rand(shape, generator=gen, device="cuda", dtype=dtype) * 4 - 2
+
+    def flag(*shape):
+        return (torch.rand(shape, generator=gen, device="cuda") < 0.5).to(dtype)
+
+    big = 4096 * 4096 + 3
+    cases = [("1-D 8191", [flag(8191), flag(8191), r(8191), r(8191), r(8191), r(8191)], ("fast", True)),
+             ("1-D from element 1", [flag(8192)[1:], flag(8191), r(8192)[1:], r(8191), r(8192)[1:], r(8191)],
+              ("fast", False)),
+             ("x[:, 1:] rows, [n, 1] flags", [flag(513, 1), flag(513, 1), r(513, 1025)[:, 1:], r(1024),
+                                             r(513, 1025)[:, 1:], r(513, 1024)], ("fast", False)),
+             ("aligned rows, [n, 1] flags", [flag(64, 1), flag(64, 1), r(64, 2048), r(2048), r(64, 2048),
+                                             r(64, 1)], ("fast", True)),
+             ("rows of 1031 (tails)", [flag(37, 1), flag(37, 1031), r(37, 1031), r(37, 1), r(37, 1031),
+                                       r(1031)], ("fast", False)),
+             ("numbers", [0.0, 1.0, r(4099), r(4099), r(4099), r(4099)], ("fast", True)),
+             ("short rows", [flag(300, 1), flag(300, 1), r(300, 100), r(100), r(300, 100), r(300, 100)],
+              ("flat", False))]
+    if dtype == torch.float32:
+        cases.append(("1-D 4096^2 + 3", [flag(big), flag(big), r(big), r(big), r(big), r(big)], ("fast", True)))
+    return cases
+
+
+def _walk_of(args, dtype):
+    """The walk and vector choice dualcast.cuda makes for these inputs (freshly allocated outputs
+    are aligned): the case list above says what it tests, this checks that it does."""
+    from dualcast import cuda_kernel, jit
+    from dualcast.torch_library import strides_over
+    ts = [a for a in args if isinstance(a, torch.Tensor)]
+    shape = torch.broadcast_shapes(*[t.shape for t in ts])
+    tensors = [a if isinstance(a, torch.Tensor) else torch.zeros((), dtype=dtype) for a in args]
+    p = cuda_kernel.plan(*jit.coalesce(list(shape), [strides_over(t, shape) for t in tensors]),
+                         torch.tensor([], dtype=dtype).element_size(), 132)
+    addrs = [t.data_ptr() if isinstance(a, torch.Tensor) else 0 for t, a in zip(tensors, args)]
+    return p.walk, cuda_kernel.vector_ok(p, addrs, [0], [])
+
+
+def test_gpu_fast_walk_equals_the_general_walk_bit_for_bit_and_the_cpu():
+    # The fast walk evaluates the same body on the same numbers as the general walk: values,
+    # gradients (recompute) and stored partials (store) must be equal bit for bit.
+    needs_cuda()
+    from dualcast import cuda
+    try:
+        for policy in POLICIES:
+            cell = elementwise(CELL_SRC, inputs="z zb c f i g", differentiable="c f i g", partials=policy)
+            for dtype, tol in ((torch.float32, 2e-6), (torch.float64, 1e-12)):
+                for name, args, want in _fast_walk_cases(dtype):
+                    assert _walk_of(args, dtype) == want, (name, _walk_of(args, dtype), want)
+                    results = []
+                    for fast in (True, False):
+                        cuda.set_fast_walk(fast)
+                        xs = [a.detach().requires_grad_(k >= 2) if isinstance(a, torch.Tensor) else a
+                              for k, a in enumerate(args)]  # views stay views (their strides, offset)
+                        y = cell(*xs)
+                        w = torch.linspace(-1, 1, y.numel(), device="cuda", dtype=dtype).reshape(y.shape)
+                        (y * w).sum().backward()
+                        results.append([y.detach()] + [x.grad for x in xs[2:] if isinstance(x, torch.Tensor)])
+                    for a, b in zip(*results):
+                        assert torch.equal(a, b), (policy, dtype, name, (a - b).abs().max().item())
+                    if results[0][0].numel() < 10 ** 6:
+                        cpu = [a.detach().cpu().requires_grad_(k >= 2) if isinstance(a, torch.Tensor) else a
+                               for k, a in enumerate(args)]
+                        y = cell(*cpu)
+                        (y * w.cpu()).sum().backward()
+                        torch.testing.assert_close(results[0][0].cpu(), y.detach(), rtol=tol, atol=tol)
+                        gtol = 1e-4 if dtype == torch.float32 else 1e-10  # sums over up to 513 rows
+                        for got, x in zip(results[0][1:], [x for x in cpu[2:] if isinstance(x, torch.Tensor)]):
+                            torch.testing.assert_close(got.cpu(), x.grad, rtol=gtol, atol=gtol)
+    finally:
+        cuda.set_fast_walk(True)
+
+
+def test_gpu_fast_walk_with_several_outputs_bit_for_bit():
+    needs_cuda()
+    from dualcast import cuda
+    f = elementwise("return {sigmoid(a) * b, tanh(a - c), exp(c) * b + a};", inputs="a b c",
+                    differentiable="a c", outputs=3)
+    try:
+        for dtype in (torch.float32, torch.float64):
+            base = torch.randn(257, 2049, device="cuda", dtype=dtype)
+            for a, b, c in ((torch.randn(8191, device="cuda", dtype=dtype), 0.5,
+                             torch.randn(8191, device="cuda", dtype=dtype)),
+                            (base[:, 1:], torch.randn(257, 1, device="cuda", dtype=dtype), base[:, :-1]),
+                            (torch.randn(257, 2048, device="cuda", dtype=dtype), torch.randn(2048, device="cuda",
+                             dtype=dtype), torch.randn(257, 2048, device="cuda", dtype=dtype))):
+                results = []
+                for fast in (True, False):
+                    cuda.set_fast_walk(fast)
+                    xa, xc = a.detach().requires_grad_(), c.detach().requires_grad_()
+                    ys = f(xa, b, xc)
+                    sum(((k + 1.5) * y).sum() for k, y in enumerate(ys)).backward()
+                    results.append([y.detach() for y in ys] + [xa.grad, xc.grad])
+                for u, v in zip(*results):
+                    assert torch.equal(u, v), (dtype, a.shape, (u - v).abs().max().item())
+    finally:
+        cuda.set_fast_walk(True)
+
+
 def test_gradcheck_on_the_gpu_in_float64():
     needs_cuda()
     cell = elementwise(CELL_SRC, inputs="z zb c f i g", differentiable="c f i g")
@@ -326,9 +431,14 @@ def test_a_call_can_be_captured_in_a_cuda_graph():
     # Nothing in a call synchronises or allocates outside PyTorch's allocator: forward and backward
     # replay from a torch.cuda.graph with new input values.
     needs_cuda()
+    for rows, cols in ((513, 77), (512, 1024)):  # the general walk; the fast walk with vectors
+        _capture_and_replay(rows, cols)
+
+
+def _capture_and_replay(rows, cols):
     f = elementwise("if (x > 0) return x * y + 0.5; return y - x;", inputs="x y", differentiable="x y")
-    x = torch.randn(513, 77, device="cuda", requires_grad=True)
-    y = torch.randn(77, device="cuda", requires_grad=True)
+    x = torch.randn(rows, cols, device="cuda", requires_grad=True)
+    y = torch.randn(cols, device="cuda", requires_grad=True)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up: compiles and loads the kernels before the capture
