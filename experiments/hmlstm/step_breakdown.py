@@ -38,7 +38,7 @@ import tempfile
 # First matching pattern wins (matched against the kernel's demangled name).
 CATEGORIES = [
     ("matmul (cuBLAS)", r"gemm|cutlass|xmma|cublas|splitKreduce|gemv|Kernel2"),
-    ("fused cell + boundary (mixed broadcasts)", r"HmCell|BoundarySte|BoundarySoft"),
+    ("fused cell + boundary (mixed broadcasts)", r"HmCell|BoundarySte|BoundarySoft|cell_forward|cell_backward"),
     ("gate inputs / adjoints (LayerGates)", r"gate_input|pack_adjoints"),
     ("optimizer", r"sgd_|adam_|optim::"),
     ("loss (cross-entropy, softmax)", r"ce_forward|ce_backward|softmax"),
