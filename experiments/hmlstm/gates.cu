@@ -218,7 +218,7 @@ std::vector<Target> make_targets(const Node& n, const Slots& slots, DType dt, De
     if (!n.inputs[k]) continue;
     const VarState& st = *n.inputs[k];
     bool dup = false;
-    for (std::size_t j = 0; j < n.inputs.size(); ++j) dup = dup || (j < k && n.inputs[j].get() == &st);
+    for (std::size_t j = 0; j < k; ++j) dup = dup || n.inputs[j].get() == &st;
     const bool usable = !dup && st.grad.defined() && st.grad.is_contiguous();
     Target& t = tg[k];
     if (usable && st.grad_owned) {
@@ -244,6 +244,19 @@ void finish_targets(Node& n, const Slots& slots, std::vector<Target>& tg) {
       detail::accumulate_grad(*n.inputs[k], t.buf, /*owned=*/true);
     }
   }
+}
+
+/// The gate inputs' share of a gate node's backward: dX = dS_t Wcat^T (one product), then one kernel
+/// for the gradients of below, zb, h, z and above (targets tg by input index: make_targets).
+void gate_inputs_backward(const Tensor& ds, const Tensor& w, const Tensor& below, const Tensor& zb, const Tensor& z,
+                          const Tensor& above, std::vector<Target>& tg, std::int64_t B, std::int64_t H) {
+  const Tensor dx = matmul(ds, w, /*trans_a=*/false, /*trans_b=*/true);  // [B, K]
+  const std::int64_t K = dx.shape()[1];
+  GateInputGrads a{dx.raw_data(), below.raw_data(), ptr_or_null(zb), ptr_or_null(z), ptr_or_null(above),
+                   tg[0].out(), tg[1].out(), tg[2].out(), tg[4].out(), tg[3].out(),
+                   tg[0].old, tg[1].old, tg[2].old, tg[4].old, tg[3].old};
+  if (dx.dtype() == DType::float32) gate_input_backward<float>(ds.device(), a, B, H, K);
+  else gate_input_backward<double>(ds.device(), a, B, H, K);
 }
 
 /// Owns the layer's stacks; its backward is the one weight-gradient product (see gates.hpp).
@@ -296,15 +309,10 @@ class GateNode final : public Node {
     bool any = false;
     for (std::size_t k = 0; k < 5; ++k) any = any || inputs[k] != nullptr;
     if (!any) return;
-    const Tensor dx = matmul(ds, w_, /*trans_a=*/false, /*trans_b=*/true);  // [B, K]
-    const std::int64_t K = dx.shape()[1];
-    std::vector<Target> tg = make_targets(*this, gate_input_slots(B, H, above_.defined()), dx.dtype(), d);
-    GateInputGrads a{dx.raw_data(), below_.raw_data(), ptr_or_null(zb_), ptr_or_null(z_), ptr_or_null(above_),
-                     tg[0].out(), tg[1].out(), tg[2].out(), tg[4].out(), tg[3].out(),
-                     tg[0].old, tg[1].old, tg[2].old, tg[4].old, tg[3].old};
-    if (dx.dtype() == DType::float32) gate_input_backward<float>(d, a, B, H, K);
-    else gate_input_backward<double>(d, a, B, H, K);
-    finish_targets(*this, gate_input_slots(B, H, above_.defined()), tg);
+    const Slots slots = gate_input_slots(B, H, above_.defined());
+    std::vector<Target> tg = make_targets(*this, slots, ds.dtype(), d);
+    gate_inputs_backward(ds, w_, below_, zb_, z_, above_, tg, B, H);
+    finish_targets(*this, slots, tg);
   }
   void release_saved() override {
     s_.reset();
@@ -334,7 +342,9 @@ struct CellArgs {
 
 template <class T>
 DUALCAST_HD inline auto boundary(bool soft, auto sz, T a) {
-  return soft ? BoundarySoft{}(sz, a) : BoundarySte{}(sz, a);
+  // if/else, not ?: : two different return types would then fail to compile instead of converting.
+  if (soft) return BoundarySoft{}(sz, a);
+  return BoundarySte{}(sz, a);
 }
 
 /// Forward: c', h' [B, H] from HmCell on plain numbers, z' [B, 1] from the boundary detector.
@@ -424,13 +434,7 @@ class FusedCellNode final : public Node {
     bool any = false;
     for (std::size_t k = 0; k < 5; ++k) any = any || inputs[k] != nullptr;
     if (any) {
-      const Tensor dx = matmul(ds, w_, /*trans_a=*/false, /*trans_b=*/true);  // [B, K]
-      const std::int64_t K = dx.shape()[1];
-      GateInputGrads a{dx.raw_data(), below_.raw_data(), ptr_or_null(zb_), ptr_or_null(z_), ptr_or_null(above_),
-                       tg[0].out(), tg[1].out(), tg[2].out(), tg[4].out(), tg[3].out(),
-                       tg[0].old, tg[1].old, tg[2].old, tg[4].old, tg[3].old};
-      if (dt == DType::float32) gate_input_backward<float>(d, a, B, H, K);
-      else gate_input_backward<double>(d, a, B, H, K);
+      gate_inputs_backward(ds, w_, below_, zb_, z_, above_, tg, B, H);
     }
     finish_targets(*this, slots, tg);
   }
@@ -478,45 +482,59 @@ LayerGates::LayerGates(const Var& wcat, std::int64_t T, std::int64_t B, std::int
   }
 }
 
-Tensor LayerGates::products(std::int64_t t, const Var& below, const Var& zb, const Var& h, const Var& z,
-                            const Var& h_above) {
+namespace {
+
+/// A gate or cell input must be a contiguous [rows, cols] tensor of the layer's dtype and device.
+void check_input(const char* what, const Tensor& v, std::int64_t rows, std::int64_t cols, const Tensor& w) {
+  DUALCAST_CHECK(v.defined() && v.shape() == (Shape{rows, cols}) && v.is_contiguous() && v.dtype() == w.dtype() &&
+                     v.device() == w.device(),
+                 "LayerGates: ", what, " must be a contiguous [", rows, ", ", cols, "] ", dtype_name(w.dtype()),
+                 " tensor on ", w.device().str(), "; got ", v.defined() ? v.str() : std::string("an undefined one"));
+}
+
+}  // namespace
+
+LayerGates::StepValues LayerGates::products(std::int64_t t, const Var& below, const Var& zb, const Var& h,
+                                            const Var& z, const Var& h_above) {
   DUALCAST_CHECK(t >= 0 && t < T_, "LayerGates::step: step ", t, " outside [0, ", T_, ")");
   const Tensor& w = w_.value();
   const std::int64_t K = w.shape()[0], B = B_, H = H_;
   const Device d = w.device();
+  StepValues v;
+  v.below = below.value();
+  check_input("below", v.below, B, H, w);
+  check_input("h", h.value(), B, H, w);
+  if (zb.defined()) {
+    v.zb = zb.value();
+    check_input("zb", v.zb, B, 1, w);
+  }
+  if (has_above_) {
+    v.z = z.value();
+    v.above = h_above.value();
+    check_input("z", v.z, B, 1, w);
+    check_input("h_above", v.above, B, H, w);
+  }
   const bool track = stack_ != nullptr && grad_enabled();
   Tensor x = track ? stack_->x.narrow(t * B, B) : Tensor::empty({B, K}, w.dtype(), d);
-  const Tensor zbv = zb.defined() ? zb.value() : Tensor();
-  const Tensor zv = has_above_ ? z.value() : Tensor();
-  const Tensor above = has_above_ ? h_above.value() : Tensor();
-  if (w.dtype() == DType::float32)
-    gate_inputs<float>(d, x.data<float>(), B, H, K, below.value().data<float>(),
-                       zbv.defined() ? zbv.data<float>() : nullptr, h.value().data<float>(),
-                       zv.defined() ? zv.data<float>() : nullptr,
-                       above.defined() ? above.data<float>() : nullptr);
-  else
-    gate_inputs<double>(d, x.data<double>(), B, H, K, below.value().data<double>(),
-                        zbv.defined() ? zbv.data<double>() : nullptr, h.value().data<double>(),
-                        zv.defined() ? zv.data<double>() : nullptr,
-                        above.defined() ? above.data<double>() : nullptr);
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    auto p = [](const Tensor& u) { return u.defined() ? u.template data<T>() : nullptr; };
+    gate_inputs<T>(d, x.data<T>(), B, H, K, v.below.data<T>(), p(v.zb), h.value().data<T>(), p(v.z), p(v.above));
+  };
+  if (w.dtype() == DType::float32) run(float{});
+  else run(double{});
   if (track) stack_->written[static_cast<std::size_t>(t)] = 1;
-  return matmul(x, w);  // [B, G]
+  v.s = matmul(x, w);  // [B, G]
+  return v;
 }
 
 std::vector<Var> LayerGates::step(std::int64_t t, const Var& below, const Var& zb, const Var& h,
                                   const Var& z, const Var& h_above) {
-  const Tensor s = products(t, below, zb, h, z, h_above);
+  const StepValues v = products(t, below, zb, h, z, h_above);
   const std::int64_t H = H_;
-  std::vector<Tensor> gates = split(s, 1, {H, H, H, H, std::int64_t{1}});
-  if (stack_ == nullptr || !grad_enabled()) {
-    std::vector<Var> out;
-    for (auto& g : gates) out.emplace_back(std::move(g));
-    return out;
-  }
-  const Tensor zbv = zb.defined() ? zb.value() : Tensor();
-  const Tensor zv = has_above_ ? z.value() : Tensor();
-  const Tensor above = has_above_ ? h_above.value() : Tensor();
-  auto node = std::make_shared<GateNode>(stack_, t, H, below.value(), zbv, zv, above, w_.value());
+  std::vector<Tensor> gates = split(v.s, 1, {H, H, H, H, std::int64_t{1}});
+  if (stack_ == nullptr || !grad_enabled()) return {gates.begin(), gates.end()};
+  auto node = std::make_shared<GateNode>(stack_, t, H, v.below, v.zb, v.z, v.above, w_.value());
   return detail::record(std::move(node), {below, zb, h, has_above_ ? z : Var(), has_above_ ? h_above : Var(), w_},
                         std::move(gates));
 }
@@ -525,37 +543,26 @@ std::vector<Var> LayerGates::cell_step(std::int64_t t, const Var& below, const V
                                        const Var& h_above, const Var& c, const Tensor& zflag, const Tensor& zbflag,
                                        const Tensor& slope, bool soft) {
   const std::int64_t B = B_, H = H_;
-  auto check = [&](const char* what, const Tensor& v, const Shape& want) {
-    DUALCAST_CHECK(v.defined() && v.shape() == want && v.dtype() == w_.value().dtype() && v.device() == w_.value().device(),
-                   "LayerGates::cell_step: ", what, " must be ", want.str(), " ", dtype_name(w_.value().dtype()),
-                   " on ", w_.value().device().str(), "; got ", v.defined() ? v.str() : std::string("undefined"));
-  };
-  check("c", c.value(), Shape{B, H});
-  check("h", h.value(), Shape{B, H});
-  check("zflag", zflag, Shape{B, 1});
-  if (zbflag.defined()) check("zbflag", zbflag, Shape{B, 1});
-  check("slope", slope, Shape{1, 1});
-  const Tensor s = products(t, below, zb, h, z, h_above);
-  const Device d = s.device();
-  const DType dt = s.dtype();
-  const CellArgs args{s.raw_data(), c.value().raw_data(), h.value().raw_data(), zflag.raw_data(),
+  const Tensor& w = w_.value();
+  check_input("c", c.value(), B, H, w);
+  check_input("zflag", zflag, B, 1, w);
+  if (zbflag.defined()) check_input("zbflag", zbflag, B, 1, w);
+  check_input("slope", slope, 1, 1, w);
+  const StepValues v = products(t, below, zb, h, z, h_above);
+  const Device d = v.s.device();
+  const DType dt = v.s.dtype();
+  const CellArgs args{v.s.raw_data(), c.value().raw_data(), h.value().raw_data(), zflag.raw_data(),
                       zbflag.defined() ? zbflag.raw_data() : nullptr, slope.raw_data(), soft};
   std::vector<Tensor> outs = {Tensor::empty({B, H}, dt, d), Tensor::empty({B, H}, dt, d), Tensor::empty({B, 1}, dt, d)};
   if (dt == DType::float32)
     cell_forward<float>(d, args, outs[0].data<float>(), outs[1].data<float>(), outs[2].data<float>(), B, H);
   else
     cell_forward<double>(d, args, outs[0].data<double>(), outs[1].data<double>(), outs[2].data<double>(), B, H);
-  if (stack_ == nullptr || !grad_enabled()) {
-    std::vector<Var> out;
-    for (auto& o : outs) out.emplace_back(std::move(o));
-    return out;
-  }
-  const Tensor zbv = zb.defined() ? zb.value() : Tensor();
-  const Tensor zv = has_above_ ? z.value() : Tensor();
-  const Tensor above = has_above_ ? h_above.value() : Tensor();
-  auto node = std::make_shared<FusedCellNode>(stack_, t, H, s, args,
-                                              std::vector<Tensor>{c.value(), h.value(), zflag, zbflag, slope},
-                                              below.value(), zbv, zv, above, w_.value());
+  if (stack_ == nullptr || !grad_enabled()) return {outs.begin(), outs.end()};
+  // The node keeps what `args` points into: the gates, c, h, the flags and the slope.
+  auto node = std::make_shared<FusedCellNode>(stack_, t, H, v.s, args,
+                                              std::vector<Tensor>{c.value(), h.value(), zflag, zbflag, slope}, v.below,
+                                              v.zb, v.z, v.above, w);
   return detail::record(std::move(node),
                         {below, zb, h, has_above_ ? z : Var(), has_above_ ? h_above : Var(), w_, c}, std::move(outs));
 }

@@ -71,9 +71,14 @@ class LayerGates {
   struct Stack;
 
  private:
-  /// The gate inputs of step t written into the stack (or a fresh buffer) and their product [B, G].
-  dualcast::Tensor products(std::int64_t t, const dualcast::Var& below, const dualcast::Var& zb,
-                            const dualcast::Var& h, const dualcast::Var& z, const dualcast::Var& h_above);
+  /// Step t's gate product s [B, G] and the input values a gate node keeps (zb, z, above undefined
+  /// where the layer has none).
+  struct StepValues {
+    dualcast::Tensor s, below, zb, z, above;
+  };
+  /// Checks the inputs, writes step t's gate inputs into the stack (or a fresh buffer) and multiplies.
+  StepValues products(std::int64_t t, const dualcast::Var& below, const dualcast::Var& zb, const dualcast::Var& h,
+                      const dualcast::Var& z, const dualcast::Var& h_above);
 
   std::shared_ptr<Stack> stack_;
   dualcast::Var w_;  // the StackNode's output: Wcat's value
