@@ -46,6 +46,7 @@ struct Options {
   int e_hidden = -1, e_batch = -1, e_seq = -1, e_reps = -1, train_steps = -1;
   int max_sets = 16;
   bool graphs = true;
+  bool fused_cell = true;  ///< workload e: NetworkConfig::fused_cell (--unfused-cell: false)
   std::int64_t graph_max_dims = 1024;
   std::string out = "results/hmlstm";
   std::string validate_dir;

@@ -11,6 +11,7 @@
 #include "dualcast/ops/linalg.hpp"
 #include "dualcast/ops/shape.hpp"
 #include "dualcast/parallel.hpp"
+#include "network.hpp"  // HmCell (cell.hpp), BoundarySte, BoundarySoft
 
 #if defined(__CUDACC__)
 #include "dualcast/stream.hpp"
@@ -184,6 +185,80 @@ const void* ptr_or_null(const Tensor& t) { return t.defined() ? t.raw_data() : n
 
 // ---- the two nodes ------------------------------------------------------------------------------
 
+/// Where one input's gradient goes. The backward kernels accumulate (the broadcast node's scheme): into
+/// the buffer the input owns, or into a fresh one that starts from a gradient it does not own. Per
+/// layer and step that saves the 3-5 add kernels accumulate_grad would launch (h, for one, has five
+/// readers). An input met twice, or whose gradient is a strided view, gets a fresh buffer and
+/// accumulate_grad afterwards.
+struct Target {
+  Tensor buf;
+  const void* old = nullptr;
+  bool adopt = false;      // the fresh buffer becomes the input's gradient
+  bool add_after = false;  // accumulate_grad(buf) after the kernel
+  [[nodiscard]] void* out() const { return buf.defined() ? buf.raw_data() : nullptr; }
+};
+
+/// (index into Node::inputs, shape) of the inputs a backward writes.
+using Slots = std::vector<std::pair<std::size_t, Shape>>;
+
+/// The gate inputs below, zb, h, z, above (z and above only with a layer above).
+Slots gate_input_slots(std::int64_t B, std::int64_t H, bool has_above) {
+  Slots s = {{0, Shape{B, H}}, {1, Shape{B, 1}}, {2, Shape{B, H}}};
+  if (has_above) {
+    s.emplace_back(3, Shape{B, 1});
+    s.emplace_back(4, Shape{B, H});
+  }
+  return s;
+}
+
+/// One Target per input index (up to the largest slot); inputs that need no gradient get none.
+std::vector<Target> make_targets(const Node& n, const Slots& slots, DType dt, Device d) {
+  std::vector<Target> tg(n.inputs.size());
+  for (const auto& [k, shape] : slots) {
+    if (!n.inputs[k]) continue;
+    const VarState& st = *n.inputs[k];
+    bool dup = false;
+    for (std::size_t j = 0; j < k; ++j) dup = dup || n.inputs[j].get() == &st;
+    const bool usable = !dup && st.grad.defined() && st.grad.is_contiguous();
+    Target& t = tg[k];
+    if (usable && st.grad_owned) {
+      t.buf = st.grad;
+      t.old = st.grad.raw_data();
+      continue;
+    }
+    t.buf = Tensor::empty(shape, dt, d);
+    if (usable) t.old = st.grad.raw_data();
+    t.adopt = !dup && (usable || !st.grad.defined());
+    t.add_after = !t.adopt;
+  }
+  return tg;
+}
+
+void finish_targets(Node& n, const Slots& slots, std::vector<Target>& tg) {
+  for (const auto& [k, shape] : slots) {
+    Target& t = tg[k];
+    if (t.adopt) {
+      n.inputs[k]->grad = t.buf;
+      n.inputs[k]->grad_owned = true;
+    } else if (t.add_after) {
+      detail::accumulate_grad(*n.inputs[k], t.buf, /*owned=*/true);
+    }
+  }
+}
+
+/// The gate inputs' share of a gate node's backward: dX = dS_t Wcat^T (one product), then one kernel
+/// for the gradients of below, zb, h, z and above (targets tg by input index: make_targets).
+void gate_inputs_backward(const Tensor& ds, const Tensor& w, const Tensor& below, const Tensor& zb, const Tensor& z,
+                          const Tensor& above, std::vector<Target>& tg, std::int64_t B, std::int64_t H) {
+  const Tensor dx = matmul(ds, w, /*trans_a=*/false, /*trans_b=*/true);  // [B, K]
+  const std::int64_t K = dx.shape()[1];
+  GateInputGrads a{dx.raw_data(), below.raw_data(), ptr_or_null(zb), ptr_or_null(z), ptr_or_null(above),
+                   tg[0].out(), tg[1].out(), tg[2].out(), tg[4].out(), tg[3].out(),
+                   tg[0].old, tg[1].old, tg[2].old, tg[4].old, tg[3].old};
+  if (dx.dtype() == DType::float32) gate_input_backward<float>(ds.device(), a, B, H, K);
+  else gate_input_backward<double>(ds.device(), a, B, H, K);
+}
+
 /// Owns the layer's stacks; its backward is the one weight-gradient product (see gates.hpp).
 class StackNode final : public Node {
  public:
@@ -234,53 +309,10 @@ class GateNode final : public Node {
     bool any = false;
     for (std::size_t k = 0; k < 5; ++k) any = any || inputs[k] != nullptr;
     if (!any) return;
-    const Tensor dx = matmul(ds, w_, /*trans_a=*/false, /*trans_b=*/true);  // [B, K]
-    const std::int64_t K = dx.shape()[1];
-    // The kernel accumulates each input's gradient (the broadcast node's scheme): into the buffer
-    // the input owns, or into a fresh one that starts from a gradient it does not own. Per layer and
-    // step that saves the 3-5 add kernels accumulate_grad would launch (h, for one, has five
-    // readers). An input met twice, or whose gradient is a strided view, gets a fresh buffer and
-    // accumulate_grad afterwards.
-    struct Target {
-      Tensor buf;
-      const void* old = nullptr;
-      bool adopt = false;      // the fresh buffer becomes the input's gradient
-      bool add_after = false;  // accumulate_grad(buf) after the kernel
-    };
-    std::array<Target, 5> tg;
-    const std::array<Shape, 5> shapes = {Shape{B, H}, Shape{B, 1}, Shape{B, H}, Shape{B, 1}, Shape{B, H}};
-    for (std::size_t k = 0; k < 5; ++k) {
-      if (!inputs[k] || (k >= 3 && !above_.defined())) continue;
-      const VarState& st = *inputs[k];
-      bool dup = false;
-      for (std::size_t j = 0; j < k; ++j) dup = dup || inputs[j].get() == &st;
-      const bool usable = !dup && st.grad.defined() && st.grad.is_contiguous();
-      Target& t = tg[k];
-      if (usable && st.grad_owned) {
-        t.buf = st.grad;
-        t.old = st.grad.raw_data();
-        continue;
-      }
-      t.buf = Tensor::empty(shapes[k], dx.dtype(), d);
-      if (usable) t.old = st.grad.raw_data();
-      t.adopt = !dup && (usable || !st.grad.defined());
-      t.add_after = !t.adopt;
-    }
-    auto ptr = [&](std::size_t k) { return tg[k].buf.defined() ? tg[k].buf.raw_data() : nullptr; };
-    GateInputGrads a{dx.raw_data(), below_.raw_data(), ptr_or_null(zb_), ptr_or_null(z_),
-                     ptr_or_null(above_), ptr(0), ptr(1), ptr(2), ptr(4), ptr(3),
-                     tg[0].old, tg[1].old, tg[2].old, tg[4].old, tg[3].old};
-    if (dx.dtype() == DType::float32) gate_input_backward<float>(d, a, B, H, K);
-    else gate_input_backward<double>(d, a, B, H, K);
-    for (std::size_t k = 0; k < 5; ++k) {
-      Target& t = tg[k];
-      if (t.adopt) {
-        inputs[k]->grad = t.buf;
-        inputs[k]->grad_owned = true;
-      } else if (t.add_after) {
-        detail::accumulate_grad(*inputs[k], t.buf, /*owned=*/true);
-      }
-    }
+    const Slots slots = gate_input_slots(B, H, above_.defined());
+    std::vector<Target> tg = make_targets(*this, slots, ds.dtype(), d);
+    gate_inputs_backward(ds, w_, below_, zb_, z_, above_, tg, B, H);
+    finish_targets(*this, slots, tg);
   }
   void release_saved() override {
     s_.reset();
@@ -290,6 +322,134 @@ class GateNode final : public Node {
  private:
   std::shared_ptr<LayerGates::Stack> s_;
   std::int64_t t_, H_;
+  Tensor below_, zb_, z_, above_, w_;
+};
+
+
+// ---- the fused layer-step (mixed mode, recomputed partials) ------------------------------------
+
+/// What the cell and boundary kernels read and write. s: the gates [B, G] (f, i, o, g, s_z by
+/// columns); c, h: the state [B, H]; zflag, zbflag: [B, 1] flags (zbflag null: 1); slope: one number.
+struct CellArgs {
+  const void* s;
+  const void* c;
+  const void* h;
+  const void* zflag;
+  const void* zbflag;
+  const void* slope;
+  bool soft;
+};
+
+template <class T>
+DUALCAST_HD inline auto boundary(bool soft, auto sz, T a) {
+  // if/else, not ?: : two different return types would then fail to compile instead of converting.
+  if (soft) return BoundarySoft{}(sz, a);
+  return BoundarySte{}(sz, a);
+}
+
+/// Forward: c', h' [B, H] from HmCell on plain numbers, z' [B, 1] from the boundary detector.
+template <class T>
+void cell_forward(Device d, const CellArgs& a, T* c_out, T* h_out, T* z_out, std::int64_t B, std::int64_t H) {
+  const std::int64_t G = 4 * H + 1, W = H + 1;  // W: H cell columns and one boundary column per row
+  parallel_for(d, B * W, [=] DUALCAST_HD(std::int64_t i) {
+    const std::int64_t b = i / W, j = i - b * W;
+    const T* s = static_cast<const T*>(a.s) + b * G;
+    if (j == H) {
+      z_out[b] = boundary<T>(a.soft, s[4 * H], *static_cast<const T*>(a.slope));
+      return;
+    }
+    const std::int64_t e = b * H + j;
+    const T zb = a.zbflag ? static_cast<const T*>(a.zbflag)[b] : T(1);
+    const auto r = HmCell{}(static_cast<const T*>(a.zflag)[b], zb, static_cast<const T*>(a.c)[e],
+                            static_cast<const T*>(a.h)[e], s[j], s[H + j], s[2 * H + j], s[3 * H + j]);
+    c_out[e] = std::get<0>(r);
+    h_out[e] = std::get<1>(r);
+  });
+}
+
+/// Backward: the same evaluated on dual numbers (partials by c, h, f, i, o, g; by s_z), times the
+/// incoming adjoints (null: zero). Writes the gate adjoints into ds [B, G] and c's and h's gradients
+/// (each starting from its `old`, which may be the output itself).
+template <class T>
+void cell_backward(Device d, const CellArgs& a, const T* gc, const T* gh, const T* gz, T* ds, T* dc,
+                   const T* old_c, T* dh, const T* old_h, std::int64_t B, std::int64_t H) {
+  const std::int64_t G = 4 * H + 1, W = H + 1;
+  parallel_for(d, B * W, [=] DUALCAST_HD(std::int64_t i) {
+    using dualcast::Dual;
+    const std::int64_t b = i / W, j = i - b * W;
+    const T* s = static_cast<const T*>(a.s) + b * G;
+    T* dsr = ds + b * G;
+    if (j == H) {
+      const auto zt = boundary<T>(a.soft, Dual<T, 1>::variable(s[4 * H], 0), *static_cast<const T*>(a.slope));
+      dsr[4 * H] = gz ? gz[b] * zt.d[0] : T(0);
+      return;
+    }
+    const std::int64_t e = b * H + j;
+    const T zb = a.zbflag ? static_cast<const T*>(a.zbflag)[b] : T(1);
+    using D = Dual<T, 6>;
+    const auto r = HmCell{}(static_cast<const T*>(a.zflag)[b], zb, D::variable(static_cast<const T*>(a.c)[e], 0),
+                            D::variable(static_cast<const T*>(a.h)[e], 1), D::variable(s[j], 2),
+                            D::variable(s[H + j], 3), D::variable(s[2 * H + j], 4), D::variable(s[3 * H + j], 5));
+    const T ac = gc ? gc[e] : T(0), ah = gh ? gh[e] : T(0);
+    T g[6];
+    for (int k = 0; k < 6; ++k) g[k] = ac * std::get<0>(r).d[k] + ah * std::get<1>(r).d[k];
+    dsr[j] = g[2];
+    dsr[H + j] = g[3];
+    dsr[2 * H + j] = g[4];
+    dsr[3 * H + j] = g[5];
+    if (dc) dc[e] = old_c ? old_c[e] + g[0] : g[0];
+    if (dh) dh[e] = old_h ? old_h[e] + g[1] : g[1];
+  });
+}
+
+/// Step t of one layer, fused: inputs (below, zb, h, z, above, w, c), outputs (c', h', z').
+class FusedCellNode final : public Node {
+ public:
+  FusedCellNode(std::shared_ptr<LayerGates::Stack> s, std::int64_t t, std::int64_t H, Tensor gates, CellArgs cell,
+                std::vector<Tensor> keep, Tensor below, Tensor zb, Tensor z, Tensor above, Tensor w)
+      : s_(std::move(s)), t_(t), H_(H), gates_(std::move(gates)), cell_(cell), keep_(std::move(keep)),
+        below_(std::move(below)), zb_(std::move(zb)), z_(std::move(z)), above_(std::move(above)), w_(std::move(w)) {}
+  [[nodiscard]] const char* name() const override { return "hmlstm_fused_cell"; }
+  void backward(const std::vector<Tensor>& g) override {
+    LayerGates::Stack& s = *s_;
+    const std::int64_t B = s.B, H = H_;
+    Tensor ds = s.ds.narrow(t_ * B, B);
+    const Device d = ds.device();
+    const DType dt = ds.dtype();
+    const bool has_above = above_.defined();
+    Slots slots = gate_input_slots(B, H, has_above);
+    slots.emplace_back(6, Shape{B, H});  // c
+    std::vector<Target> tg = make_targets(*this, slots, dt, d);
+    auto run = [&](auto tag) {
+      using T = decltype(tag);
+      auto p = [&](std::size_t m) { return g[m].defined() ? g[m].template data<T>() : nullptr; };
+      cell_backward<T>(d, cell_, p(0), p(1), p(2), ds.data<T>(), static_cast<T*>(tg[6].out()),
+                       static_cast<const T*>(tg[6].old), static_cast<T*>(tg[2].out()), static_cast<const T*>(tg[2].old),
+                       B, H);
+    };
+    if (dt == DType::float32) run(float{});
+    else run(double{});
+    s.deposited[static_cast<std::size_t>(t_)] = 1;
+    if (tg[2].buf.defined()) tg[2].old = tg[2].buf.raw_data();  // h's gradient now holds the cell's part
+    bool any = false;
+    for (std::size_t k = 0; k < 5; ++k) any = any || inputs[k] != nullptr;
+    if (any) {
+      gate_inputs_backward(ds, w_, below_, zb_, z_, above_, tg, B, H);
+    }
+    finish_targets(*this, slots, tg);
+  }
+  void release_saved() override {
+    s_.reset();
+    gates_ = below_ = zb_ = z_ = above_ = w_ = Tensor();
+    keep_.clear();
+  }
+
+ private:
+  std::shared_ptr<LayerGates::Stack> s_;
+  std::int64_t t_, H_;
+  Tensor gates_;  // [B, G]: what the backward evaluates the cell on again
+  CellArgs cell_;
+  std::vector<Tensor> keep_;  // c, h, the flags and the slope that cell_ points into
   Tensor below_, zb_, z_, above_, w_;
 };
 
@@ -322,38 +482,89 @@ LayerGates::LayerGates(const Var& wcat, std::int64_t T, std::int64_t B, std::int
   }
 }
 
-std::vector<Var> LayerGates::step(std::int64_t t, const Var& below, const Var& zb, const Var& h,
-                                  const Var& z, const Var& h_above) {
+namespace {
+
+/// A gate or cell input must be a contiguous [rows, cols] tensor of the layer's dtype and device.
+void check_input(const char* what, const Tensor& v, std::int64_t rows, std::int64_t cols, const Tensor& w) {
+  DUALCAST_CHECK(v.defined() && v.shape() == (Shape{rows, cols}) && v.is_contiguous() && v.dtype() == w.dtype() &&
+                     v.device() == w.device(),
+                 "LayerGates: ", what, " must be a contiguous [", rows, ", ", cols, "] ", dtype_name(w.dtype()),
+                 " tensor on ", w.device().str(), "; got ", v.defined() ? v.str() : std::string("an undefined one"));
+}
+
+}  // namespace
+
+LayerGates::StepValues LayerGates::products(std::int64_t t, const Var& below, const Var& zb, const Var& h,
+                                            const Var& z, const Var& h_above) {
   DUALCAST_CHECK(t >= 0 && t < T_, "LayerGates::step: step ", t, " outside [0, ", T_, ")");
   const Tensor& w = w_.value();
   const std::int64_t K = w.shape()[0], B = B_, H = H_;
   const Device d = w.device();
+  StepValues v;
+  v.below = below.value();
+  check_input("below", v.below, B, H, w);
+  check_input("h", h.value(), B, H, w);
+  if (zb.defined()) {
+    v.zb = zb.value();
+    check_input("zb", v.zb, B, 1, w);
+  }
+  if (has_above_) {
+    v.z = z.value();
+    v.above = h_above.value();
+    check_input("z", v.z, B, 1, w);
+    check_input("h_above", v.above, B, H, w);
+  }
   const bool track = stack_ != nullptr && grad_enabled();
   Tensor x = track ? stack_->x.narrow(t * B, B) : Tensor::empty({B, K}, w.dtype(), d);
-  const Tensor zbv = zb.defined() ? zb.value() : Tensor();
-  const Tensor zv = has_above_ ? z.value() : Tensor();
-  const Tensor above = has_above_ ? h_above.value() : Tensor();
-  if (w.dtype() == DType::float32)
-    gate_inputs<float>(d, x.data<float>(), B, H, K, below.value().data<float>(),
-                       zbv.defined() ? zbv.data<float>() : nullptr, h.value().data<float>(),
-                       zv.defined() ? zv.data<float>() : nullptr,
-                       above.defined() ? above.data<float>() : nullptr);
-  else
-    gate_inputs<double>(d, x.data<double>(), B, H, K, below.value().data<double>(),
-                        zbv.defined() ? zbv.data<double>() : nullptr, h.value().data<double>(),
-                        zv.defined() ? zv.data<double>() : nullptr,
-                        above.defined() ? above.data<double>() : nullptr);
-  const Tensor s = matmul(x, w);  // [B, G]
-  std::vector<Tensor> gates = split(s, 1, {H, H, H, H, std::int64_t{1}});
-  if (!track) {
-    std::vector<Var> out;
-    for (auto& g : gates) out.emplace_back(std::move(g));
-    return out;
-  }
-  stack_->written[static_cast<std::size_t>(t)] = 1;
-  auto node = std::make_shared<GateNode>(stack_, t, H, below.value(), zbv, zv, above, w);
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    auto p = [](const Tensor& u) { return u.defined() ? u.template data<T>() : nullptr; };
+    gate_inputs<T>(d, x.data<T>(), B, H, K, v.below.data<T>(), p(v.zb), h.value().data<T>(), p(v.z), p(v.above));
+  };
+  if (w.dtype() == DType::float32) run(float{});
+  else run(double{});
+  if (track) stack_->written[static_cast<std::size_t>(t)] = 1;
+  v.s = matmul(x, w);  // [B, G]
+  return v;
+}
+
+std::vector<Var> LayerGates::step(std::int64_t t, const Var& below, const Var& zb, const Var& h,
+                                  const Var& z, const Var& h_above) {
+  const StepValues v = products(t, below, zb, h, z, h_above);
+  const std::int64_t H = H_;
+  std::vector<Tensor> gates = split(v.s, 1, {H, H, H, H, std::int64_t{1}});
+  if (stack_ == nullptr || !grad_enabled()) return {gates.begin(), gates.end()};
+  auto node = std::make_shared<GateNode>(stack_, t, H, v.below, v.zb, v.z, v.above, w_.value());
   return detail::record(std::move(node), {below, zb, h, has_above_ ? z : Var(), has_above_ ? h_above : Var(), w_},
                         std::move(gates));
+}
+
+std::vector<Var> LayerGates::cell_step(std::int64_t t, const Var& below, const Var& zb, const Var& h, const Var& z,
+                                       const Var& h_above, const Var& c, const Tensor& zflag, const Tensor& zbflag,
+                                       const Tensor& slope, bool soft) {
+  const std::int64_t B = B_, H = H_;
+  const Tensor& w = w_.value();
+  check_input("c", c.value(), B, H, w);
+  check_input("zflag", zflag, B, 1, w);
+  if (zbflag.defined()) check_input("zbflag", zbflag, B, 1, w);
+  check_input("slope", slope, 1, 1, w);
+  const StepValues v = products(t, below, zb, h, z, h_above);
+  const Device d = v.s.device();
+  const DType dt = v.s.dtype();
+  const CellArgs args{v.s.raw_data(), c.value().raw_data(), h.value().raw_data(), zflag.raw_data(),
+                      zbflag.defined() ? zbflag.raw_data() : nullptr, slope.raw_data(), soft};
+  std::vector<Tensor> outs = {Tensor::empty({B, H}, dt, d), Tensor::empty({B, H}, dt, d), Tensor::empty({B, 1}, dt, d)};
+  if (dt == DType::float32)
+    cell_forward<float>(d, args, outs[0].data<float>(), outs[1].data<float>(), outs[2].data<float>(), B, H);
+  else
+    cell_forward<double>(d, args, outs[0].data<double>(), outs[1].data<double>(), outs[2].data<double>(), B, H);
+  if (stack_ == nullptr || !grad_enabled()) return {outs.begin(), outs.end()};
+  // The node keeps what `args` points into: the gates, c, h, the flags and the slope.
+  auto node = std::make_shared<FusedCellNode>(stack_, t, H, v.s, args,
+                                              std::vector<Tensor>{c.value(), h.value(), zflag, zbflag, slope}, v.below,
+                                              v.zb, v.z, v.above, w);
+  return detail::record(std::move(node),
+                        {below, zb, h, has_above_ ? z : Var(), has_above_ ? h_above : Var(), w_, c}, std::move(outs));
 }
 
 }  // namespace hmlstm

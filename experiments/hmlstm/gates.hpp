@@ -21,6 +21,12 @@
 // Versus one matmul node per step plus the flag products, the concatenation, the bias add and the
 // split: the same values and gradients (tests: StackedGatesEqualThePerStepProducts), about a third
 // of the kernels, and 2 instead of 3 products per layer and step.
+//
+// In mixed mode (recomputed partials) cell_step() goes one further: a FusedCellNode also evaluates the
+// cell (HmCell) and the boundary detector (BoundarySte / BoundarySoft) on the product, plain numbers
+// forward and dual numbers backward, in one kernel each way, so a layer-step is 3 kernels forward
+// (gate inputs, product, cell) and 3 backward (cell, product, gate inputs) instead of 5 and 5 (the
+// split, the two broadcasts and the adjoint packing are gone; tests: FusedCellStep*).
 #pragma once
 
 #include <cstdint>
@@ -49,9 +55,31 @@ class LayerGates {
                                   const dualcast::Var& h, const dualcast::Var& z,
                                   const dualcast::Var& h_above);
 
+  /// Mixed mode, fused (recomputed partials): step t's gates as step() computes them, and on them the
+  /// cell HmCell (flags zflag = z^l_{t-1} and zbflag = zb, undefined: 1; state c, h) and the
+  /// boundary detector (BoundarySte, or BoundarySoft when soft; slope [1, 1] on the device), inside
+  /// one node: returns (c', h', z'). Forward: gate inputs, product, one kernel for the cell and the
+  /// boundary on plain numbers. Backward: one kernel evaluates both again on dual numbers and writes
+  /// the gate adjoints straight into the stack (and c's and h's gradients), then the product and the
+  /// gate inputs' kernel. 3 kernels each way instead of the 5 of step() + two broadcasts.
+  std::vector<dualcast::Var> cell_step(std::int64_t t, const dualcast::Var& below, const dualcast::Var& zb,
+                                       const dualcast::Var& h, const dualcast::Var& z,
+                                       const dualcast::Var& h_above, const dualcast::Var& c,
+                                       const dualcast::Tensor& zflag, const dualcast::Tensor& zbflag,
+                                       const dualcast::Tensor& slope, bool soft);
+
   struct Stack;
 
  private:
+  /// Step t's gate product s [B, G] and the input values a gate node keeps (zb, z, above undefined
+  /// where the layer has none).
+  struct StepValues {
+    dualcast::Tensor s, below, zb, z, above;
+  };
+  /// Checks the inputs, writes step t's gate inputs into the stack (or a fresh buffer) and multiplies.
+  StepValues products(std::int64_t t, const dualcast::Var& below, const dualcast::Var& zb, const dualcast::Var& h,
+                      const dualcast::Var& z, const dualcast::Var& h_above);
+
   std::shared_ptr<Stack> stack_;
   dualcast::Var w_;  // the StackNode's output: Wcat's value
   std::int64_t T_, B_, H_;

@@ -211,6 +211,10 @@ Var HmlstmNetwork::loss(const Tensor& tokens_in) {
   // same gradients) with one cuBLAS call instead of three and no adds: about a third fewer kernels
   // and tape nodes per layer and step, which is what bounds the step (it is host-bound).
   const bool stacked = config_.stacked_weight_grad;
+  // The fused layer-step (gates.hpp, LayerGates::cell_step) computes the partials again in the
+  // backward: it serves mixed mode unless the partials are to be stored.
+  const bool fused = stacked && config_.fused_cell && config_.mode == CellMode::mixed &&
+                     config_.partials != dualcast::Partials::store;
   std::array<Var, 3> wcat;
   std::vector<LayerGates> layer_gates;  // stacked: created before the time loop (gates.hpp)
   if (stacked) {
@@ -227,46 +231,57 @@ Var HmlstmNetwork::loss(const Tensor& tokens_in) {
     for (int l = 0; l < 3; ++l) {
       // s = zb * (h^{l-1}_t @ W) + h^l_{t-1} @ U + z^l_{t-1} * (h^{l+1}_{t-1} @ Td) + b.
       const Var& below = l == 0 ? embs[static_cast<std::size_t>(t)] : nh[l - 1];
-      std::vector<Var> gates;  // f, i, o, g, s_z
-      if (stacked) {
-        gates = layer_gates[static_cast<std::size_t>(l)].step(t, below, l > 0 ? nz[l - 1] : Var(), h[l],
-                                                              l < 2 ? z[l] : Var(), l < 2 ? h[l + 1] : Var());
-      } else {
-        // At t = 0 the state is zero, so the U and Td terms are exactly zero (and so are their
-        // contributions to the gradients): they are skipped.
-        Var s;
-        if (t == 0) {
-          s = matmul(below, P(kW[l]));
-          if (l > 0) s = nz[l - 1] * s;
-        } else {
-          std::vector<Var> x{l > 0 ? nz[l - 1] * below : below, h[l]};
-          if (l < 2) x.push_back(z[l] * h[l + 1]);
-          s = matmul(concat(x, 1), wcat[l]);
-        }
-        s = s + P(kB[l]);
-        gates = split(s, 1, gate_sizes);
-      }
       const Tensor zflag = flag_of(z[l]);
       const Tensor zbflag = l == 0 ? ones_b1 : flag_of(nz[l - 1]);
-      if (config_.mode == CellMode::mixed) {
-        if (l == 0) {
-          auto [cn, hn] = broadcast(config_.partials, HmCell{}, zflag, 1.0, c[l], h[l], gates[0],
-                                    gates[1], gates[2], gates[3]);
-          nc[l] = cn;
-          nh[l] = hn;
-        } else {
-          auto [cn, hn] = broadcast(config_.partials, HmCell{}, zflag, zbflag, c[l], h[l], gates[0],
-                                    gates[1], gates[2], gates[3]);
-          nc[l] = cn;
-          nh[l] = hn;
-        }
-        nz[l] = config_.soft_boundary ? broadcast(config_.partials, BoundarySoft{}, gates[4], slope_)
-                                      : broadcast(config_.partials, BoundarySte{}, gates[4], slope_);
+      if (fused) {
+        // Mixed mode, recomputed partials: the gates, the cell and the boundary detector of the
+        // layer-step in one node, 3 kernels forward and 3 backward instead of 5 and 5 (gates.hpp).
+        const std::vector<Var> out = layer_gates[static_cast<std::size_t>(l)].cell_step(
+            t, below, l > 0 ? nz[l - 1] : Var(), h[l], l < 2 ? z[l] : Var(), l < 2 ? h[l + 1] : Var(), c[l], zflag,
+            l == 0 ? Tensor() : zbflag, slope_, config_.soft_boundary);
+        nc[l] = out[0];
+        nh[l] = out[1];
+        nz[l] = out[2];
       } else {
-        auto [cn, hn] = reverse_cell(zflag, zbflag, c[l], h[l], gates[0], gates[1], gates[2], gates[3]);
-        nc[l] = cn;
-        nh[l] = hn;
-        nz[l] = reverse_boundary(gates[4], slope_, config_.soft_boundary);
+        std::vector<Var> gates;  // f, i, o, g, s_z
+        if (stacked) {
+          gates = layer_gates[static_cast<std::size_t>(l)].step(t, below, l > 0 ? nz[l - 1] : Var(), h[l],
+                                                                l < 2 ? z[l] : Var(), l < 2 ? h[l + 1] : Var());
+        } else {
+          // At t = 0 the state is zero, so the U and Td terms are exactly zero (and so are their
+          // contributions to the gradients): they are skipped.
+          Var s;
+          if (t == 0) {
+            s = matmul(below, P(kW[l]));
+            if (l > 0) s = nz[l - 1] * s;
+          } else {
+            std::vector<Var> x{l > 0 ? nz[l - 1] * below : below, h[l]};
+            if (l < 2) x.push_back(z[l] * h[l + 1]);
+            s = matmul(concat(x, 1), wcat[l]);
+          }
+          s = s + P(kB[l]);
+          gates = split(s, 1, gate_sizes);
+        }
+        if (config_.mode == CellMode::mixed) {
+          if (l == 0) {
+            auto [cn, hn] = broadcast(config_.partials, HmCell{}, zflag, 1.0, c[l], h[l], gates[0],
+                                      gates[1], gates[2], gates[3]);
+            nc[l] = cn;
+            nh[l] = hn;
+          } else {
+            auto [cn, hn] = broadcast(config_.partials, HmCell{}, zflag, zbflag, c[l], h[l], gates[0],
+                                      gates[1], gates[2], gates[3]);
+            nc[l] = cn;
+            nh[l] = hn;
+          }
+          nz[l] = config_.soft_boundary ? broadcast(config_.partials, BoundarySoft{}, gates[4], slope_)
+                                        : broadcast(config_.partials, BoundarySte{}, gates[4], slope_);
+        } else {
+          auto [cn, hn] = reverse_cell(zflag, zbflag, c[l], h[l], gates[0], gates[1], gates[2], gates[3]);
+          nc[l] = cn;
+          nh[l] = hn;
+          nz[l] = reverse_boundary(gates[4], slope_, config_.soft_boundary);
+        }
       }
       last_z_prev_.push_back(zflag);
       last_zb_.push_back(l == 0 ? Tensor() : zbflag);

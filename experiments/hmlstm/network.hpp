@@ -132,6 +132,13 @@ struct NetworkConfig {
   /// false: one matmul node per step and the flag products, concatenation, bias add and split as
   /// separate ops (the earlier form; kept to check that both give the same values and gradients).
   bool stacked_weight_grad = true;
+  /// Mixed mode with stacked gates (needs stacked_weight_grad), partials not stored: each
+  /// layer-step's gate split, cell and boundary detector run inside the gate node
+  /// (LayerGates::cell_step: the functors HmCell and BoundarySte/BoundarySoft evaluated on numbers
+  /// forward and on dual numbers backward), 3 kernels forward and 3 backward per layer and step
+  /// instead of 5 and 5 (default). false: the gates as Vars and the cell and boundary as two library
+  /// broadcasts (kept to check that both agree, and to time them: --unfused-cell).
+  bool fused_cell = true;
 };
 
 /// Boundary statistics of the last loss() call, summed over time steps and batch rows, per layer

@@ -52,6 +52,9 @@ Options:
                            mixed-mode run is also replayed from a capture and must give the eager
                            run's bits/char curve (to 1e-6)
   --no-graphs              skip the captured variants (mixed_graph, reverse_graph, captured training)
+  --unfused-cell           workload e: the gates as Vars and the cell and boundary detector as two
+                           library broadcasts (NetworkConfig::fused_cell = false), to time against
+                           the fused layer-step in the same run
   --graph-max-dims N       largest dims of a and b with captured variants (default 1024)
   --max-sets N             input sets rotated at most (default 16; enough to exceed 2x the cache)
   --precision P            fp32 (default), tf32, bf16 or fp16. bf16/fp16: a, b and d store every
@@ -167,6 +170,9 @@ Options parse_args(int argc, char** argv) {
     } else if (a == "--no-graphs") {
       flag();
       o.graphs = false;
+    } else if (a == "--unfused-cell") {
+      flag();
+      o.fused_cell = false;
     } else if (a == "--graph-max-dims") {
       o.graph_max_dims = parse_int(a, value(), 1, 1 << 17);
     } else if (a == "--max-sets") {

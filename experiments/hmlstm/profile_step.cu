@@ -2,6 +2,7 @@
 // for per-kernel profiling (experiments/hmlstm/step_breakdown.py drives it).
 //
 //   hmlstm_step_profile [--mode mixed|reverse] [--hidden H] [--batch B] [--seq T] [--reps N] [--profile]
+//                       [--unfused-cell]   (NetworkConfig::fused_cell = false: the cell as library broadcasts)
 //
 // Captures one SGD training step (CapturedStep: forward over T steps, BPTT, update), validates it
 // against the eager step (compare_capture), then:
@@ -34,12 +35,13 @@ struct Options {
   std::string mode = "mixed";
   int hidden = 512, batch = 64, seq = 100, reps = 20;
   bool profile = false;
+  bool fused_cell = true;
 };
 
 int usage(const std::string& msg) {
   std::cerr << "hmlstm_step_profile: error: " << msg
             << "\nusage: hmlstm_step_profile [--mode mixed|reverse] [--hidden H] [--batch B] [--seq T] "
-               "[--reps N] [--profile]\n";
+               "[--reps N] [--profile] [--unfused-cell]\n";
   return 2;
 }
 
@@ -72,6 +74,9 @@ int main(int argc, char** argv) {
       } else if (a == "--profile") {
         args.no_value();
         o.profile = true;
+      } else if (a == "--unfused-cell") {
+        args.no_value();
+        o.fused_cell = false;
       } else if (a == "--help" || a == "-h") {
         std::cout << "see the comment at the top of experiments/hmlstm/profile_step.cu\n";
         return 0;
@@ -95,6 +100,7 @@ int main(int argc, char** argv) {
     cfg.vocab = 64;
     cfg.device = dualcast::Device::cuda(0);
     cfg.mode = hmlstm::parse_cell_mode(o.mode);
+    cfg.fused_cell = o.fused_cell;
     std::vector<dualcast::Tensor> batches;
     for (int k = 0; k < 3; ++k)
       batches.push_back(hmlstm::random_tokens(cfg.seq, cfg.batch, cfg.vocab, cfg.seed + 1000 + k).to(cfg.device));

@@ -38,7 +38,7 @@ import tempfile
 # First matching pattern wins (matched against the kernel's demangled name).
 CATEGORIES = [
     ("matmul (cuBLAS)", r"gemm|cutlass|xmma|cublas|splitKreduce|gemv|Kernel2"),
-    ("fused cell + boundary (mixed broadcasts)", r"HmCell|BoundarySte|BoundarySoft"),
+    ("fused cell + boundary (mixed broadcasts)", r"HmCell|BoundarySte|BoundarySoft|cell_forward|cell_backward"),
     ("gate inputs / adjoints (LayerGates)", r"gate_input|pack_adjoints"),
     ("optimizer", r"sgd_|adam_|optim::"),
     ("loss (cross-entropy, softmax)", r"ce_forward|ce_backward|softmax"),
@@ -61,7 +61,8 @@ def run(cmd, **kw):
 
 
 def step_args(a):
-    return ["--mode", a.mode, "--hidden", str(a.hidden), "--batch", str(a.batch), "--seq", str(a.seq)]
+    return ["--mode", a.mode, "--hidden", str(a.hidden), "--batch", str(a.batch), "--seq", str(a.seq)] + (
+        ["--unfused-cell"] if a.unfused_cell else [])
 
 
 def time_step(a):
@@ -150,6 +151,8 @@ def main():
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--seq", type=int, default=100)
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--unfused-cell", action="store_true",
+                   help="the cell and boundary as library broadcasts (NetworkConfig::fused_cell = false)")
     p.add_argument("--tool", default="ncu", choices=["ncu", "nsys"])
     p.add_argument("--ncu", default="ncu", help="ncu executable (default: ncu on PATH)")
     p.add_argument("--nsys", default="nsys", help="nsys executable (default: nsys on PATH)")

@@ -29,6 +29,7 @@ WorkloadE run_workload_e(const Options& o, dualcast::Device device, Results& res
   cfg.seq = o.e_seq;
   cfg.vocab = 64;
   cfg.device = device;
+  cfg.fused_cell = o.fused_cell;
   r.variant = "H=" + std::to_string(cfg.hidden) + " B=" + std::to_string(cfg.batch) + " T=" + std::to_string(cfg.seq);
   std::vector<std::pair<hmlstm::CellMode, bool>> e_methods{{hmlstm::CellMode::mixed, false},
                                                            {hmlstm::CellMode::reverse, false}};

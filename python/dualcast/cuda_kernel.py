@@ -142,6 +142,19 @@ __device__ __forceinline__ void element(const Args& a, const std::int64_t (&o)[N
 {store}
 }}
 
+// Each input's offset at the first element of row r (every dimension but the last, decomposed once
+// per row): shared by the rowwise and the fast walk.
+template <class I>
+__device__ void row_base(const Args& a, I r, std::int64_t* base) {{
+  for (int k = 0; k < NIN; ++k) base[k] = 0;
+  for (int d = static_cast<int>(a.ndim) - 2; d >= 0; --d) {{
+    const I size = static_cast<I>(a.shape[d]);
+    const I i = r % size;
+    r /= size;
+    for (int k = 0; k < NIN; ++k) base[k] += static_cast<std::int64_t>(i) * a.in_strides[k][d];
+  }}
+}}
+
 template <class I>
 __device__ void run(const Args& a) {{
   const int nd = static_cast<int>(a.ndim);
@@ -149,14 +162,8 @@ __device__ void run(const Args& a) {{
     const I cols = static_cast<I>(a.shape[nd - 1]);
     const I rows = static_cast<I>(a.n) / cols;
     for (I r = blockIdx.y; r < rows; r += gridDim.y) {{
-      std::int64_t base[NIN] = {{}};
-      I rest = r;
-      for (int d = nd - 2; d >= 0; --d) {{
-        const I size = static_cast<I>(a.shape[d]);
-        const I i = rest % size;
-        rest /= size;
-        for (int k = 0; k < NIN; ++k) base[k] += static_cast<std::int64_t>(i) * a.in_strides[k][d];
-      }}
+      std::int64_t base[NIN];
+      row_base<I>(a, r, base);
       for (I c = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; c < cols; c += static_cast<I>(gridDim.x) * blockDim.x) {{
         std::int64_t o[NIN];
         for (int k = 0; k < NIN; ++k) o[k] = base[k] + static_cast<std::int64_t>(c) * a.in_strides[k][nd - 1];
@@ -232,14 +239,8 @@ __device__ void run_fast(const Args& a) {{
     const T* p[NIN];  // each input at the row's first element
     T bc[NIN];        // an input broadcast along the row: its one value, read once per row
     {{
-      std::int64_t base[NIN] = {{}};
-      I rest = row;
-      for (int d = nd - 2; d >= 0; --d) {{
-        const I size = static_cast<I>(a.shape[d]);
-        const I i = rest % size;
-        rest /= size;
-        for (int k = 0; k < NIN; ++k) base[k] += static_cast<std::int64_t>(i) * a.in_strides[k][d];
-      }}
+      std::int64_t base[NIN];
+      row_base<I>(a, row, base);
 #pragma unroll
       for (int k = 0; k < NIN; ++k) {{
         p[k] = static_cast<const T*>(a.in[k]) + base[k];

@@ -20,7 +20,6 @@ is a torch.autograd.Function; float32 and float64. On a GPU the kernels run on P
 stream and never synchronise.
 """
 
-import contextlib
 import functools
 
 import torch
@@ -43,6 +42,7 @@ class Elementwise:
         self.partials = partials
         self._gradient = self.spec.gradient() if partials == "recompute" and self.spec.k else None
         self._kernels = {}  # (dtype, device, gradient wanted) -> the kernels a call launches
+        self._calls = {}  # call signature -> _Call: the checks and decisions of a call, made once
         # Registered now, outside any torch.compile trace (which cannot run the registration).
         self._ops = torch_library.ops_for(self.spec) if self._gradient and torch_library.available() else None
 
@@ -52,6 +52,35 @@ class Elementwise:
             " ".join(s.inputs), " ".join(s.differentiable), s.outputs)
 
     def __call__(self, *args):
+        if self._ops is not None and _compiling():
+            # torch.compile is tracing: the custom ops (one graph node each, shapes from their fakes).
+            call = self._prepare(args)
+            xs = [a if isinstance(a, torch.Tensor) else torch.full((), a, dtype=call.dtype, device=call.device)
+                  for a in args]
+            outs = self._ops[0](xs, _DTYPES[call.dtype])
+            return outs[0] if self.spec.outputs == 1 else tuple(outs)
+        # A model calls the function with the same kinds of arguments step after step: the checks, the
+        # type promotion, the broadcast shape and the kernels are decided once per call signature (the
+        # shape, dtype, device and requires_grad of each tensor, the type of each number, grad mode).
+        key = (torch.is_grad_enabled(),) + tuple(
+            (a.shape, a.dtype, a.device, a.requires_grad) if isinstance(a, torch.Tensor) else type(a) for a in args)
+        call = self._calls.get(key)
+        if call is None:
+            call = self._prepare(args)
+            if len(self._calls) >= _MAX_SIGNATURES:  # a model with ever new shapes: start again
+                self._calls.clear()
+            self._calls[key] = call
+        device = call.device
+        if device.type == "cuda" and device.index != torch.cuda.current_device():
+            # On another GPU than the current one: outputs, gradients and launches on the inputs'.
+            with torch.cuda.device(device):
+                outs = _Function.apply(call, *args)
+        else:
+            outs = _Function.apply(call, *args)
+        return outs[0] if self.spec.outputs == 1 else outs
+
+    def _prepare(self, args):
+        """The checks and decisions of a call with these kinds of arguments (raises on bad ones)."""
         s = self.spec
         who = "dualcast.elementwise"
         if len(args) != len(s.inputs):
@@ -85,27 +114,41 @@ class Elementwise:
         if len(shape) > jit.MAX_DIMS:
             raise ValueError("%s: a %d-dimensional broadcast shape %s; at most %d" % (who, len(shape), list(shape),
                                                                                     jit.MAX_DIMS))
-        if self._ops is not None and _compiling():
-            # torch.compile is tracing: the custom ops (one graph node each, shapes from their fakes).
-            xs = [a if isinstance(a, torch.Tensor) else torch.full((), a, dtype=dtype, device=device) for a in args]
-            outs = self._ops[0](xs, _DTYPES[dtype])
-            return outs[0] if s.outputs == 1 else tuple(outs)
-        wants_grad = torch.is_grad_enabled() and any(
-            isinstance(a, torch.Tensor) and a.requires_grad for n, a in zip(s.inputs, args) if n in s.differentiable)
-        key = (dtype, device, wants_grad)
+        wanted = [i for i, (n, a) in enumerate(zip(s.inputs, args)) if n in s.differentiable and
+                  isinstance(a, torch.Tensor) and a.requires_grad] if torch.is_grad_enabled() else []
+        key = (dtype, device, bool(wanted))
         kernels = self._kernels.get(key)
-        if kernels is None:
+        if kernels is None and not (self._ops is not None and _compiling()):
             name = _DTYPES[dtype]
-            store = wants_grad and not self._gradient
+            store = bool(wanted) and not self._gradient
             kernels = self._kernels[key] = (
-                s, compiled_kernel(s, name, device) if store else value_kernel(s, name, device),
-                compiled_kernel(self._gradient, name, device) if self._gradient and wants_grad else None,
+                compiled_kernel(s, name, device) if store else value_kernel(s, name, device),
+                compiled_kernel(self._gradient, name, device) if self._gradient and wanted else None,
                 store)
-        other_gpu = device.type == "cuda" and device.index != torch.cuda.current_device()
-        with torch.cuda.device(device) if other_gpu else contextlib.nullcontext():
-            # (on another GPU than the current one: outputs, gradients and launches on the inputs')
-            outs = _Function.apply(kernels, shape, dtype, device, *args)
-        return outs[0] if s.outputs == 1 else outs
+        return _Call(s, kernels, shape, dtype, device, wanted,
+                     [tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in args],
+                     [a.dtype if isinstance(a, torch.Tensor) else None for a in args])
+
+
+class _Call:
+    """What one call signature decided: the kernels (value, gradient, whether partials are stored),
+    the broadcast shape and dtype, the inputs that want a gradient, and the inputs' shapes and dtypes
+    (the gradients are summed back to them)."""
+
+    __slots__ = ("spec", "value", "gradient", "store", "shape", "dtype", "device", "wanted", "wanted_k",
+                 "input_shapes", "input_dtypes")
+
+    def __init__(self, spec, kernels, shape, dtype, device, wanted, input_shapes, input_dtypes):
+        self.spec = spec
+        self.value, self.gradient, self.store = kernels if kernels is not None else (None, None, False)
+        self.shape, self.dtype, self.device = shape, dtype, device
+        self.wanted = wanted
+        self.wanted_k = {spec.differentiable.index(spec.inputs[i]) for i in wanted}
+        self.input_shapes, self.input_dtypes = input_shapes, input_dtypes
+
+
+# Call signatures remembered per function before the memory is cleared.
+_MAX_SIGNATURES = 256
 
 
 def _broadcast(shapes):
@@ -163,28 +206,23 @@ def _kernel_args(args, dtype, device):
 
 class _Function(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, kernels, shape, dtype, device, *args):
-        # kernels: the function's Spec, the value kernel (values only unless partials are stored),
-        # the gradient kernel (recompute, when a gradient is wanted) and whether to store the
-        # partials instead (store, when a gradient is wanted).
-        s, value, gradient, store = kernels
-        xs = _kernel_args(args, dtype, device)
-        outs = [torch.empty(shape, dtype=dtype, device=device) for _ in range(s.outputs)]
-        kk = max(s.k, 1)
-        wanted = [i for i, n in enumerate(s.inputs) if n in s.differentiable and
-                  isinstance(args[i], torch.Tensor) and args[i].requires_grad]
-        wanted_k = {s.differentiable.index(s.inputs[i]) for i in wanted}
-        parts = [torch.empty(shape, dtype=dtype, device=device) if (store and j in wanted_k) else None
-                 for _ in range(s.outputs) for j in range(kk)]
-        launch(value, device, shape, xs, outs, parts if store else [None] * value.spec.n_partials)
-        ctx.kernels, ctx.shape, ctx.dtype, ctx.device = kernels, shape, dtype, device
-        ctx.input_shapes = [tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in args]
-        ctx.input_dtypes = [a.dtype if isinstance(a, torch.Tensor) else None for a in args]
-        ctx.wanted = wanted
-        if wanted and store:
+    def forward(ctx, call, *args):
+        # call: the _Call of this signature. The value kernel computes values only unless partials are
+        # stored (store: a gradient is wanted and there is no gradient kernel).
+        s = call.spec
+        xs = _kernel_args(args, call.dtype, call.device)
+        outs = [torch.empty(call.shape, dtype=call.dtype, device=call.device) for _ in range(s.outputs)]
+        parts = None
+        if call.store:
+            kk = max(s.k, 1)
+            parts = [torch.empty(call.shape, dtype=call.dtype, device=call.device) if j in call.wanted_k else None
+                     for _ in range(s.outputs) for j in range(kk)]
+        launch(call.value, call.device, call.shape, xs, outs, parts if parts is not None else
+               [None] * call.value.spec.n_partials)
+        ctx.call = call
+        if call.wanted and call.store:
             ctx.save_for_backward(*[p for p in parts if p is not None])
-            ctx.layout = [p is not None for p in parts]
-        elif wanted:  # the inputs themselves, so that PyTorch refuses a backward after one changed in place
+        elif call.wanted:  # the inputs themselves, so that PyTorch refuses a backward after one changed in place
             ctx.numbers = [None if isinstance(a, torch.Tensor) else a for a in args]
             ctx.save_for_backward(*[a for a in args if isinstance(a, torch.Tensor)])
         return tuple(outs)
@@ -192,33 +230,37 @@ class _Function(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable  # the partials are values: no second derivative
     def backward(ctx, *grad_outs):
-        s, _, gradient, _ = ctx.kernels
+        call = ctx.call
+        s = call.spec
         grads = [None] * len(s.inputs)
-        if not ctx.wanted:
-            return (None, None, None, None) + tuple(grads)
-        if gradient is not None:
+        if not call.wanted:
+            return (None,) + tuple(grads)
+        if call.gradient is not None:
             saved = iter(ctx.saved_tensors)
             args = [next(saved) if n is None else n for n in ctx.numbers]
-            xs = _kernel_args(args, ctx.dtype, ctx.device)
-            zero = torch.zeros((), dtype=ctx.dtype, device=ctx.device)
-            gs = same_dtype([go if go is not None else zero for go in grad_outs], ctx.dtype)
+            xs = _kernel_args(args, call.dtype, call.device)
+            if any(go is None for go in grad_outs):
+                zero = torch.zeros((), dtype=call.dtype, device=call.device)
+                grad_outs = [go if go is not None else zero for go in grad_outs]
+            gs = same_dtype(list(grad_outs), call.dtype)
             full = [None] * s.k
-            for i in ctx.wanted:
-                full[s.differentiable.index(s.inputs[i])] = torch.empty(ctx.shape, dtype=ctx.dtype, device=ctx.device)
-            launch(gradient, ctx.device, ctx.shape, xs + gs, full, [])
-            for i in ctx.wanted:
+            for i in call.wanted:
+                full[s.differentiable.index(s.inputs[i])] = torch.empty(call.shape, dtype=call.dtype,
+                                                                        device=call.device)
+            launch(call.gradient, call.device, call.shape, xs + gs, full, [])
+            for i in call.wanted:
                 grads[i] = full[s.differentiable.index(s.inputs[i])]
         else:
             kk = max(s.k, 1)
             saved = iter(ctx.saved_tensors)
-            parts = [next(saved) if present else None for present in ctx.layout]
-            for i in ctx.wanted:
+            parts = [next(saved) if j in call.wanted_k else None for _ in range(s.outputs) for j in range(kk)]
+            for i in call.wanted:
                 j = s.differentiable.index(s.inputs[i])
                 for m, go in enumerate(grad_outs):
                     if go is not None:
                         term = go * parts[m * kk + j]
                         grads[i] = term if grads[i] is None else grads[i] + term
-        for i in ctx.wanted:
+        for i in call.wanted:
             if grads[i] is not None:
-                grads[i] = grads[i].sum_to_size(ctx.input_shapes[i]).to(ctx.input_dtypes[i])
-        return (None, None, None, None) + tuple(grads)
+                grads[i] = grads[i].sum_to_size(call.input_shapes[i]).to(call.input_dtypes[i])
+        return (None,) + tuple(grads)

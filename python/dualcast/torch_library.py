@@ -97,12 +97,13 @@ def ops_for(spec):
 
 def _register(spec, name):
     grad_spec = spec.gradient()
-    kernels = {}  # (spec, dtype name, device) -> kernel: an op call does not regenerate the source
+    kernels = {}  # (role, dtype name, device) -> kernel: an op call does not regenerate the source
 
-    def kernel_of(s, dtype, device):
-        key = (s is grad_spec, dtype, device)
+    def kernel_of(role, dtype, device):
+        key = (role, dtype, device)
         if key not in kernels:
-            kernels[key] = compiled_kernel(s, dtype, device)
+            kernels[key] = (value_kernel(spec, dtype, device) if role == "values"
+                            else compiled_kernel(grad_spec, dtype, device))
         return kernels[key]
 
     @torch.library.custom_op(name, mutates_args=())
@@ -110,9 +111,7 @@ def _register(spec, name):
         shape = torch.broadcast_shapes(*[x.shape for x in xs])
         device, dt = xs[0].device, DTYPES[dtype]
         outs = [torch.empty(shape, dtype=dt, device=device) for _ in range(spec.outputs)]
-        k = kernels.get(("values", dtype, device))
-        if k is None:
-            k = kernels[("values", dtype, device)] = value_kernel(spec, dtype, device)
+        k = kernel_of("values", dtype, device)
         launch(k, device, shape, same_dtype(xs, dt), outs, [None] * k.spec.n_partials)
         return outs
 
@@ -127,7 +126,7 @@ def _register(spec, name):
         shape = torch.broadcast_shapes(*[x.shape for x in xs])
         device, dt = xs[0].device, DTYPES[dtype]
         full = [torch.empty(shape, dtype=dt, device=device) if w else None for w in wanted]
-        launch(kernel_of(grad_spec, dtype, device), device, shape,
+        launch(kernel_of("gradient", dtype, device), device, shape,
                same_dtype(list(xs) + list(grads), dt), full, [])
         return [g for g in full if g is not None]
 
