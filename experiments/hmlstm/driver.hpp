@@ -47,6 +47,7 @@ struct Options {
   int max_sets = 16;
   bool graphs = true;
   bool fused_cell = true;  ///< workload e: NetworkConfig::fused_cell (--unfused-cell: false)
+  bool e_accuracy = false; ///< workload e: the precision accuracy study too (--e-accuracy)
   std::int64_t graph_max_dims = 1024;
   std::string out = "results/hmlstm";
   std::string validate_dir;
@@ -127,6 +128,7 @@ struct WorkloadE {
   bool training_ok = true;
   std::string variant;  ///< "H=.. B=.. T=..", the rows' variant
   std::string matmul_precision;  ///< what e's float32 products ran at ("" when e did not run)
+  json accuracy = json::object();  ///< --e-accuracy: per precision, the step's errors against float64
 };
 /// Workload e (workload_e.cu): the training step timed in each mode (eager and captured), then the
 /// character-LM training in both modes (and replayed from a capture); writes OUT/training.csv.

@@ -225,6 +225,25 @@ ModeComparison compare_modes(const NetworkConfig& config, const Tensor& tokens, 
 /// tolerances at those precisions).
 double float32_products_tolerance(double exact);
 
+/// The float32 step's accuracy at one float32 matmul precision against the float64 step (issue 30's
+/// accuracy study; accuracy.cpp).
+struct PrecisionAccuracy {
+  std::string precision;             ///< set_float32_matmul_precision's name: "highest", "high", "medium"
+  double loss = 0.0;                 ///< the float32 step's loss (nats)
+  double loss_rel_err = 0.0;         ///< |loss - loss64| / |loss64|
+  double max_grad_rel_err = 0.0;     ///< max over parameters of max|g - g64| / max|g64|
+  std::string worst_param;           ///< where that maximum is
+  std::vector<std::pair<std::string, double>> grad_rel_err;  ///< (name, error) per parameter, params() order
+  bool same_boundaries = true;       ///< whether every boundary decision equals the float64 step's
+};
+/// One float32 loss and backward of `config`'s network (its dtype is ignored) per precision in
+/// `precisions`, each against one float64 step from the same parameters (the float32 initial values)
+/// and tokens. The process's precision is restored afterwards; an unknown name is a dualcast::Error.
+/// A boundary decision that rounds the other way at some precision changes the gradients by more
+/// than rounding: same_boundaries says whether that happened.
+std::vector<PrecisionAccuracy> precision_accuracy(const NetworkConfig& config, const Tensor& tokens,
+                                                  const std::vector<std::string>& precisions);
+
 // ---- the training step recorded once and replayed (captured.cu) ---------------------------------
 
 /// One plain-SGD training step of `net` (forward over T steps, BPTT, update with learning rate lr)

@@ -55,6 +55,9 @@ Options:
   --unfused-cell           workload e: the gates as Vars and the cell and boundary detector as two
                            library broadcasts (NetworkConfig::fused_cell = false), to time against
                            the fused layer-step in the same run
+  --e-accuracy             workload e: also the accuracy study: the float32 step's loss and gradients
+                           at each float32 matmul precision ("highest", "high", "medium") against the
+                           float64 step from the same parameters and tokens (results.json "accuracy")
   --graph-max-dims N       largest dims of a and b with captured variants (default 1024)
   --max-sets N             input sets rotated at most (default 16; enough to exceed 2x the cache)
   --precision P            fp32 (default), tf32, bf16 or fp16. bf16/fp16: a, b and d store every
@@ -173,6 +176,9 @@ Options parse_args(int argc, char** argv) {
     } else if (a == "--unfused-cell") {
       flag();
       o.fused_cell = false;
+    } else if (a == "--e-accuracy") {
+      flag();
+      o.e_accuracy = true;
     } else if (a == "--graph-max-dims") {
       o.graph_max_dims = parse_int(a, value(), 1, 1 << 17);
     } else if (a == "--max-sets") {

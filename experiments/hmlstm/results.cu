@@ -154,6 +154,7 @@ int write_outputs(const Options& o, const Machine& mc, const Results& res, const
   for (const auto& m : res.ms) root["measurements"].push_back(measurement_json(m));
   root["table"] = table.records;
   root["training"] = e.training;
+  if (!e.accuracy.empty()) root["accuracy"] = e.accuracy;
   root["peers.note"] = peers.note;
   root["peers_raw"] = peers.raw;
   dcexp::write_json_file(o.out + "/results.json", root);

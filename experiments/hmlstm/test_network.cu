@@ -35,6 +35,7 @@
 #include "dualcast/memory.hpp"
 #include "dualcast/ops/elementwise.hpp"
 #include "dualcast/ops/reduce.hpp"
+#include "dualcast/precision.hpp"
 #include "network.hpp"
 #include "test_network_util.hpp"
 
@@ -108,6 +109,45 @@ TEST_P(NetworkTest, MixedAndReverseAgreeToFloatToleranceInFloat32) {
   EXPECT_TRUE(cmp.ok) << cmp.message;
   EXPECT_TRUE(cmp.same_boundaries) << cmp.message;
   EXPECT_LE(cmp.max_grad_rel_err, 1e-4) << cmp.message;
+}
+
+TEST_P(NetworkTest, PrecisionAccuracyStudyMeasuresEachPrecisionAgainstFloat64) {
+  const Device d = GetParam();
+  DUALCAST_SKIP_IF_UNAVAILABLE(d);
+  NetworkConfig cfg = tiny(d, DType::float32);
+  cfg.hidden = 32;
+  cfg.batch = 8;
+  cfg.seq = dualcast::testing::unless_sanitizing(12, 4);
+  const Tensor tokens = random_tokens(cfg.seq, cfg.batch, cfg.vocab, 7);
+  dualcast::set_float32_matmul_precision("high");  // the study must put back what it found
+  const std::vector<PrecisionAccuracy> acc = precision_accuracy(cfg, tokens, {"highest", "high", "medium"});
+  EXPECT_EQ(dualcast::get_float32_matmul_precision(), "high");
+  dualcast::set_float32_matmul_precision("highest");
+  ASSERT_EQ(acc.size(), 3u);
+  const char* names[] = {"highest", "high", "medium"};
+  for (std::size_t i = 0; i < acc.size(); ++i) {
+    const PrecisionAccuracy& a = acc[i];
+    EXPECT_EQ(a.precision, names[i]);
+    EXPECT_EQ(a.grad_rel_err.size(), 14u);
+    EXPECT_TRUE(std::isfinite(a.loss) && std::isfinite(a.max_grad_rel_err)) << a.precision;
+    EXPECT_GT(a.max_grad_rel_err, 0.0) << a.precision << ": float32 cannot equal float64 exactly";
+  }
+  // Exact float32 products: float32 rounding only, unless a boundary decision rounded the other way
+  // (then the step took another branch somewhere, which the study reports; on this CPU, with these
+  // seeds, none does).
+  if (d.is_cpu()) EXPECT_TRUE(acc[0].same_boundaries);
+  if (acc[0].same_boundaries) {
+    EXPECT_LE(acc[0].max_grad_rel_err, 1e-4) << acc[0].worst_param;
+    EXPECT_LE(acc[0].loss_rel_err, 1e-5);
+  }
+  if (d.is_cpu()) {  // the CPU ignores the precision: the three steps are the same step
+    EXPECT_EQ(acc[1].max_grad_rel_err, acc[0].max_grad_rel_err);
+    EXPECT_EQ(acc[2].max_grad_rel_err, acc[0].max_grad_rel_err);
+  } else if (acc[0].same_boundaries && acc[2].same_boundaries) {  // bfloat16 products: 8-bit rounding
+    EXPECT_GT(acc[2].max_grad_rel_err, 10 * acc[0].max_grad_rel_err);
+  }
+  EXPECT_THROW((void)precision_accuracy(cfg, tokens, {"fast"}), dualcast::Error);
+  EXPECT_EQ(dualcast::get_float32_matmul_precision(), "highest");
 }
 
 TEST_P(NetworkTest, StorePolicyGivesTheSameGradientsAsRecompute) {

@@ -83,6 +83,29 @@ WorkloadE run_workload_e(const Options& o, dualcast::Device device, Results& res
              ")");
     res.add(device, {m});
   }
+  if (o.e_accuracy) {
+    // Mixed mode, the flagship; the tokens are the timing's kind (random ids), a seed of their own.
+    hmlstm::NetworkConfig ca = cfg;
+    ca.mode = hmlstm::CellMode::mixed;
+    log_line("[e] accuracy: the float32 step at each matmul precision against the float64 step, " + r.variant + " (" +
+             elapsed() + ")");
+    const auto acc = hmlstm::precision_accuracy(ca, hmlstm::random_tokens(ca.seq, ca.batch, ca.vocab, 11),
+                                                {"highest", "high", "medium"});
+    for (const hmlstm::PrecisionAccuracy& a : acc) {
+      json per = json::object();
+      for (const auto& [name, err] : a.grad_rel_err) per[name] = err;
+      r.accuracy[a.precision] = {{"loss", a.loss},
+                                 {"loss_rel_err", a.loss_rel_err},
+                                 {"max_grad_rel_err", a.max_grad_rel_err},
+                                 {"worst_param", a.worst_param},
+                                 {"grad_rel_err", per},
+                                 {"same_boundaries", a.same_boundaries}};
+      log_line("  e accuracy \"" + a.precision + "\": loss rel err " + fmt("%.2e", a.loss_rel_err) +
+               ", worst gradient rel err " + fmt("%.2e", a.max_grad_rel_err) + " (" + a.worst_param + ")" +
+               (a.same_boundaries ? ", every boundary decision as in float64"
+                                  : ", SOME boundary decisions differ from float64's"));
+    }
+  }
   if (o.train_steps > 0) {
     hmlstm::TrainConfig tc;
     tc.net = cfg;
