@@ -23,7 +23,6 @@
 #include "dualcast/precision.hpp"
 #include "dualcast/stream.hpp"
 #include "per_device.hpp"
-#include "sgemm_splitk.hpp"
 
 #if DUALCAST_WITH_CUDA
 #include <cublas_v2.h>
@@ -215,7 +214,6 @@ void blas_prepare(Device device) {
 #if DUALCAST_WITH_CUDA
   if (device.is_cuda()) (void)cublas_handle(device);
   if (device.is_cuda() && matmul_autotune()) lt_prepare(device);
-  if (device.is_cuda()) splitk_prepare(device);
 #else
   (void)device;
 #endif
@@ -282,21 +280,6 @@ void gemm(Device device, DType dtype, bool trans_a, bool trans_b, std::int64_t m
                    stride_b, static_cast<float>(beta), pc, static_cast<int>(ldc), stride_c,
                    static_cast<int>(batch)))
         return;
-      // Few rows (the HM-LSTM's gate products): dualcast's split-K kernel where it measured faster
-      // (sgemm_splitk.hpp). Not for transposed A (the weight gradients have deep K and suit cuBLAS).
-      const int M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
-      const int LDA = static_cast<int>(lda), LDB = static_cast<int>(ldb), LDC = static_cast<int>(ldc);
-      const float fa = static_cast<float>(alpha), fb = static_cast<float>(beta);
-      if (batch == 1 && !trans_a && k > 0 && splitk_applies(device, trans_b, M, N, K) &&
-          splitk_chosen(
-              device, trans_b, M, N, K, LDA, LDB, LDC, fb, pc,
-              [&](float* out) {
-                cuda_gemm<float>(device, false, trans_b, m, n, k, alpha, pa, lda, 0, pb, ldb, 0, beta, out, ldc, 0, 1);
-              },
-              [&](float* out) { splitk_sgemm(device, trans_b, M, N, K, fa, pa, LDA, pb, LDB, fb, out, LDC); })) {
-        splitk_sgemm(device, trans_b, M, N, K, fa, pa, LDA, pb, LDB, fb, pc, LDC);
-        return;
-      }
     }
     if constexpr (!is_half_v<T>)
       cuda_gemm<T>(device, trans_a, trans_b, m, n, k, alpha, pa, lda, stride_a, pb, ldb, stride_b,

@@ -37,7 +37,7 @@ import tempfile
 
 # First matching pattern wins (matched against the kernel's demangled name).
 CATEGORIES = [
-    ("matmul (cuBLAS, dualcast split-K)", r"gemm|cutlass|xmma|cublas|splitKreduce|gemv|Kernel2"),
+    ("matmul (cuBLAS)", r"gemm|cutlass|xmma|cublas|splitKreduce|gemv|Kernel2"),
     ("fused cell + boundary (mixed broadcasts)", r"HmCell|BoundarySte|BoundarySoft|cell_forward|cell_backward"),
     ("gate inputs / adjoints (LayerGates)", r"gate_input|pack_adjoints"),
     ("optimizer", r"sgd_|adam_|optim::"),

@@ -1,5 +1,5 @@
 // cuda_emulation.hpp: a CPU stand-in for the few CUDA primitives dualcast's fused attention kernels
-// and its split-K product use, so that those kernels' very code runs (slowly) on a machine without a GPU. Compiled by the
+// use, so that those kernels' very code runs (slowly) on a machine without a GPU. Compiled by the
 // host compiler only (never nvcc: it defines float4 and friends itself).
 //
 // Execution model: a launch runs the blocks one after another; a block runs one std::thread per CUDA
@@ -27,7 +27,6 @@
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __align__(n) alignas(n)
-#define __shared__ static  // a block's statics: blocks run one after another
 #define DUALCAST_ATTENTION_EMULATION 1
 
 struct alignas(16) float4 { float x, y, z, w; };
@@ -64,8 +63,6 @@ T __shfl_xor_sync(unsigned, T v, int d) {
 }
 template <class T>
 T atomicAdd(T* p, T v) { return std::atomic_ref<T>(*p).fetch_add(v); }
-inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
-inline float4 __ldcg(const float4* p) { return *p; }
 using std::fma;
 using std::fmax;
 using std::exp2;
@@ -78,8 +75,7 @@ namespace emu {
 struct PendingCopy {
   void* dst;
   const void* src;
-  int bytes;     ///< read from src
-  int size = 16; ///< written to dst: the rest zero-filled
+  int bytes;
 };
 inline thread_local std::vector<PendingCopy> open_group;
 inline thread_local std::vector<std::vector<PendingCopy>> committed;
@@ -87,30 +83,26 @@ inline std::atomic<long> unwaited_copies{0};  ///< copies still in flight when a
 inline void land(const std::vector<PendingCopy>& group) {
   for (const PendingCopy& c : group) {
     std::memcpy(c.dst, c.src, static_cast<std::size_t>(c.bytes));
-    std::memset(static_cast<unsigned char*>(c.dst) + c.bytes, 0, static_cast<std::size_t>(c.size - c.bytes));
-  }
-}
-/// cp.async of `size` bytes (4, 8 or 16) of which src_bytes are read.
-inline void cp_async(void* smem, const void* gmem, int size, int src_bytes) {
-  open_group.push_back({smem, gmem, src_bytes, size});
-}
-inline void cp_async_commit() {
-  committed.push_back(std::move(open_group));
-  open_group.clear();
-}
-inline void cp_async_wait(int n) {
-  while (static_cast<int>(committed.size()) > n) {
-    land(committed.front());
-    committed.erase(committed.begin());
+    std::memset(static_cast<unsigned char*>(c.dst) + c.bytes, 0, static_cast<std::size_t>(16 - c.bytes));
   }
 }
 }  // namespace emu
 
 namespace dualcast::attention_detail::kernels::emulation {
 inline unsigned char* shared_memory() { return emu::blk->smem; }
-inline void cp_async16(void* smem, const void* gmem, int src_bytes) { emu::cp_async(smem, gmem, 16, src_bytes); }
-inline void cp_async_commit() { emu::cp_async_commit(); }
-inline void cp_async_wait(int n) { emu::cp_async_wait(n); }
+inline void cp_async16(void* smem, const void* gmem, int src_bytes) {
+  emu::open_group.push_back({smem, gmem, src_bytes});
+}
+inline void cp_async_commit() {
+  emu::committed.push_back(std::move(emu::open_group));
+  emu::open_group.clear();
+}
+inline void cp_async_wait(int n) {
+  while (static_cast<int>(emu::committed.size()) > n) {
+    emu::land(emu::committed.front());
+    emu::committed.erase(emu::committed.begin());
+  }
+}
 /// A 16-byte vector access on the GPU needs a 16-byte aligned address; x86 would not complain.
 inline void check_aligned16(const void* p) {
   if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) emu::misaligned.fetch_add(1);
@@ -118,17 +110,10 @@ inline void check_aligned16(const void* p) {
 }  // namespace dualcast::attention_detail::kernels::emulation
 
 namespace emu {
-/// Runs the blocks of a grid one after another (x fastest, or the reverse order when reverse_blocks
-/// is set: a kernel whose result must not depend on which block finishes last is run both ways),
-/// each block's threads at once.
-inline bool reverse_blocks = false;
 template <class... A>
-void launch3(void (*kernel)(A...), EmuDim3 blocks, unsigned threads, std::size_t smem, A... args) {
-  grid = blocks;
-  const unsigned count = blocks.x * blocks.y * blocks.z;
-  for (unsigned i = 0; i < count; ++i) {
-    const unsigned b = reverse_blocks ? count - 1 - i : i;
-    const EmuDim3 id{b % blocks.x, b / blocks.x % blocks.y, b / (blocks.x * blocks.y)};
+void launch(void (*kernel)(A...), unsigned blocks, unsigned threads, std::size_t smem, A... args) {
+  grid.x = blocks;
+  for (unsigned b = 0; b < blocks; ++b) {
     std::vector<unsigned char> buf(smem + 64, 0xFF);  // NaN poison: unwritten shared memory shows
     auto* base = reinterpret_cast<unsigned char*>((reinterpret_cast<std::uintptr_t>(buf.data()) + 63) / 64 * 64);
     Block block;
@@ -137,10 +122,10 @@ void launch3(void (*kernel)(A...), EmuDim3 blocks, unsigned threads, std::size_t
     block.smem = base;
     std::vector<std::thread> ts;
     for (unsigned t = 0; t < threads; ++t)
-      ts.emplace_back([&, t] {
+      ts.emplace_back([&, t, b] {
         blk = &block;
         tid.x = t;
-        bid = id;
+        bid.x = b;
         kernel(args...);
         long left = static_cast<long>(open_group.size());
         for (const auto& g : committed) left += static_cast<long>(g.size());
@@ -150,9 +135,5 @@ void launch3(void (*kernel)(A...), EmuDim3 blocks, unsigned threads, std::size_t
       });
     for (auto& t : ts) t.join();
   }
-}
-template <class... A>
-void launch(void (*kernel)(A...), unsigned blocks, unsigned threads, std::size_t smem, A... args) {
-  launch3(kernel, EmuDim3{blocks, 1, 1}, threads, smem, args...);
 }
 }  // namespace emu
