@@ -7,7 +7,7 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-HEADERS = ("config.hpp", "dual.hpp", "math.hpp", "vector_math.hpp")  # dualcast.jit.HEADERS
+HEADERS = ("config.hpp", "dual.hpp", "math.hpp", "vector_math.hpp", "half.hpp")  # dualcast.jit.HEADERS
 
 
 class BuildWithHeaders(build_py):

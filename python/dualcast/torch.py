@@ -16,8 +16,9 @@ evaluates the body again and writes each differentiated input's gradient, sum_m 
 the bytes of two passes and nothing stored between them. With partials="store" the forward also
 writes the partials and the backward multiplies them by the incoming gradients with torch ops (for
 bodies too costly to evaluate twice). Either way a gradient is summed back to its input's shape. It
-is a torch.autograd.Function; float32 and float64. On a GPU the kernels run on PyTorch's current
-stream and never synchronise.
+is a torch.autograd.Function; float32 and float64, and on the CPU bfloat16 and float16 (read into
+float, computed in float, stored rounded once). On a GPU the kernels run on PyTorch's current stream
+and never synchronise.
 """
 
 import functools
@@ -29,7 +30,8 @@ from .torch_library import compiled_kernel, launch, same_dtype, value_kernel
 
 __all__ = ["elementwise", "Elementwise"]
 
-_DTYPES = {torch.float32: "float32", torch.float64: "float64"}
+_DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+_HALF = (torch.bfloat16, torch.float16)  # read into float, computed in float, stored rounded once
 
 
 class Elementwise:
@@ -105,7 +107,11 @@ class Elementwise:
             if not dtype.is_floating_point:
                 dtype = torch.get_default_dtype()
             else:
-                raise TypeError("%s: dtype %s is not supported yet (float32, float64)" % (who, dtype))
+                raise TypeError("%s: dtype %s is not supported yet (float32, float64, bfloat16, float16)"
+                                % (who, dtype))
+        if dtype in _HALF and device.type != "cpu":
+            raise TypeError("%s: %s tensors on %s are not supported yet (float32 and float64 are; %s works on "
+                            "the CPU)" % (who, dtype, device, dtype))
         shapes = [tuple(a.shape) if isinstance(a, torch.Tensor) else () for a in args]
         shape = _broadcast(shapes)
         if shape is None:
@@ -254,11 +260,12 @@ class _Function(torch.autograd.Function):
             kk = max(s.k, 1)
             saved = iter(ctx.saved_tensors)
             parts = [next(saved) if j in call.wanted_k else None for _ in range(s.outputs) for j in range(kk)]
+            acc = torch.float32 if call.dtype in _HALF else call.dtype  # 16-bit products and sums in float
             for i in call.wanted:
                 j = s.differentiable.index(s.inputs[i])
                 for m, go in enumerate(grad_outs):
                     if go is not None:
-                        term = go * parts[m * kk + j]
+                        term = go.to(acc) * parts[m * kk + j].to(acc)
                         grads[i] = term if grads[i] is None else grads[i] + term
         for i in call.wanted:
             if grads[i] is not None:

@@ -24,7 +24,7 @@ import torch
 
 from . import cuda, jit
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 _ops = {}
 _ops_lock = threading.Lock()  # registering the same function from two threads at once fails

@@ -5,6 +5,7 @@ import array
 import math
 import os
 import random
+import struct
 import subprocess
 import sys
 
@@ -207,6 +208,72 @@ def test_float32_agrees_with_float64_on_odd_sizes_and_the_threaded_path():
             assert close(o32[0][e], o64[0][e], F32_RTOL), (out_shape, e, o32[0][e], o64[0][e])
             for j in range(4):
                 assert close(p32[j][e], p64[j][e], F32_RTOL), (out_shape, "partial", j, e)
+
+
+def bits16(x, dtype):
+    """x (a float) rounded to nearest even in bfloat16 or float16, as its 16 bits."""
+    if dtype == "float16":
+        return struct.unpack("<H", struct.pack("<e", x))[0]
+    u = struct.unpack("<I", struct.pack("<f", x))[0]
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF  # finite values only
+
+
+def value16(b, dtype):
+    return struct.unpack("<e", struct.pack("<H", b))[0] if dtype == "float16" else \
+        struct.unpack("<f", struct.pack("<I", b << 16))[0]
+
+
+NAN16 = {"bfloat16": 0x7FC0, "float16": 0x7E00}  # poison for the outputs
+
+
+def test_16_bit_kernels_are_the_float32_kernels_rounded_once():
+    # The same float computation as the float32 kernel on the same (16-bit) values, each result
+    # rounded once: bit for bit the float32 kernel's results rounded, outputs, partials and
+    # gradients, on tiles and single elements and every broadcast pattern.
+    spec = jit.Spec(CELL, "z zb c f i g", "c f i g")
+    rng = random.Random(16)
+    for dtype in ("bfloat16", "float16"):
+        k16, k32 = jit.compile_kernel(spec, dtype), jit.compile_kernel(spec, "float32")
+        g16, g32 = jit.compile_kernel(spec.gradient(), dtype), jit.compile_kernel(spec.gradient(), "float32")
+        for name, shapes in PATTERNS.items():
+            raw = cell_inputs(rng, OUT, shapes)
+            ins16 = [(sh, [bits16(v, dtype) for v in vals]) for sh, vals in raw]
+            ins32 = [(sh, [value16(b, dtype) for b in vals]) for sh, vals in ins16]
+            n = numel(OUT)
+            bufs = [Buf(v, "H") for _, v in ins16]
+            outs = [Buf([NAN16[dtype]] * n, "H")]
+            parts = [Buf([NAN16[dtype]] * n, "H") for _ in range(4)]
+            strides = [broadcast_strides(sh, OUT) for sh, _ in ins16]
+            k16.run(list(OUT), [b.ptr for b in bufs], strides, [o.ptr for o in outs], [p.ptr for p in parts])
+            o32, p32 = run(k32, OUT, ins32, typecode="f")
+            assert list(outs[0].a) == [bits16(v, dtype) for v in o32[0]], (dtype, name)
+            for j in range(4):
+                assert list(parts[j].a) == [bits16(v, dtype) for v in p32[j]], (dtype, name, "partial", j)
+            grad16 = [(OUT, [bits16(rng.uniform(-1, 1), dtype) for _ in range(n)])]
+            grad32 = [(OUT, [value16(b, dtype) for b in grad16[0][1]])]
+            gb = [Buf(v, "H") for _, v in ins16 + grad16]
+            gouts = [Buf([NAN16[dtype]] * n, "H") for _ in range(4)]
+            g16.run(list(OUT), [b.ptr for b in gb], strides + [broadcast_strides(OUT, OUT)], [o.ptr for o in gouts], [])
+            want = run_gradient(g32, OUT, ins32, grad32, typecode="f")
+            for j in range(4):
+                assert list(gouts[j].a) == [bits16(v, dtype) for v in want[j]], (dtype, name, "gradient", j)
+
+
+def test_16_bit_kernels_are_cpu_only_for_now():
+    spec = jit.Spec("return x * 2;", "x", "x")
+    for dtype in ("bfloat16", "float16"):
+        try:
+            spec.source(dtype, "cuda")
+        except TypeError as e:
+            assert dtype in str(e) and "CUDA" in str(e), str(e)
+        else:
+            raise AssertionError("a %s CUDA kernel was generated" % dtype)
+    try:
+        spec.source("int32")
+    except TypeError as e:
+        assert "int32" in str(e) and "bfloat16" in str(e), str(e)
+    else:
+        raise AssertionError("an int32 kernel was generated")
 
 
 def test_the_gradient_kernel_contracts_the_partials_with_the_output_gradients():
