@@ -229,12 +229,14 @@ NAN16 = {"bfloat16": 0x7FC0, "float16": 0x7E00}  # poison for the outputs
 def test_16_bit_kernels_are_the_float32_kernels_rounded_once():
     # The same float computation as the float32 kernel on the same (16-bit) values, each result
     # rounded once: bit for bit the float32 kernel's results rounded, outputs, partials and
-    # gradients, on tiles and single elements and every broadcast pattern.
+    # gradients, and the values kernel's outputs, on tiles and single elements and every broadcast
+    # pattern (OUT's rows of 37 hold a whole tile of float lanes and single elements).
     spec = jit.Spec(CELL, "z zb c f i g", "c f i g")
     rng = random.Random(16)
     for dtype in ("bfloat16", "float16"):
         k16, k32 = jit.compile_kernel(spec, dtype), jit.compile_kernel(spec, "float32")
         g16, g32 = jit.compile_kernel(spec.gradient(), dtype), jit.compile_kernel(spec.gradient(), "float32")
+        v16, v32 = jit.compile_kernel(spec.values(), dtype), jit.compile_kernel(spec.values(), "float32")
         for name, shapes in PATTERNS.items():
             raw = cell_inputs(rng, OUT, shapes)
             ins16 = [(sh, [bits16(v, dtype) for v in vals]) for sh, vals in raw]
@@ -247,6 +249,11 @@ def test_16_bit_kernels_are_the_float32_kernels_rounded_once():
             k16.run(list(OUT), [b.ptr for b in bufs], strides, [o.ptr for o in outs], [p.ptr for p in parts])
             o32, p32 = run(k32, OUT, ins32, typecode="f")
             assert list(outs[0].a) == [bits16(v, dtype) for v in o32[0]], (dtype, name)
+            vouts = [Buf([NAN16[dtype]] * n, "H")]
+            v16.run(list(OUT), [b.ptr for b in bufs], strides, [o.ptr for o in vouts], [])
+            bufs32, vo32 = [Buf(v, "f") for _, v in ins32], Buf([math.nan] * n, "f")
+            v32.run(list(OUT), [b.ptr for b in bufs32], strides, [vo32.ptr], [])
+            assert list(vouts[0].a) == [bits16(v, dtype) for v in vo32.a], (dtype, name, "values kernel")
             for j in range(4):
                 assert list(parts[j].a) == [bits16(v, dtype) for v in p32[j]], (dtype, name, "partial", j)
             grad16 = [(OUT, [bits16(rng.uniform(-1, 1), dtype) for _ in range(n)])]
