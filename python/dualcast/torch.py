@@ -30,8 +30,9 @@ from .torch_library import compiled_kernel, launch, same_dtype, value_kernel
 
 __all__ = ["elementwise", "Elementwise"]
 
-_DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-_HALF = (torch.bfloat16, torch.float16)  # read into float, computed in float, stored rounded once
+_DTYPES = {t: name for name, t in torch_library.DTYPES.items()}  # torch dtype -> dualcast.jit's name
+# read into float, computed in float, stored rounded once (jit.HALF_DTYPES)
+_HALF = tuple(t for t, name in _DTYPES.items() if name in jit.HALF_DTYPES)
 
 
 class Elementwise:
