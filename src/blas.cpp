@@ -22,6 +22,7 @@
 #include "dualcast/error.hpp"
 #include "dualcast/precision.hpp"
 #include "dualcast/stream.hpp"
+#include "gemm_skinny.hpp"
 #include "per_device.hpp"
 
 #if DUALCAST_WITH_CUDA
@@ -213,6 +214,7 @@ std::int64_t matmul_autotune_searches() { return 0; }
 void blas_prepare(Device device) {
 #if DUALCAST_WITH_CUDA
   if (device.is_cuda()) (void)cublas_handle(device);
+  skinny_prepare(device);
   if (device.is_cuda() && matmul_autotune()) lt_prepare(device);
 #else
   (void)device;
@@ -287,6 +289,54 @@ void gemm(Device device, DType dtype, bool trans_a, bool trans_b, std::int64_t m
 #else
     DUALCAST_FAIL("matmul on ", device.str(), ": this dualcast was built without CUDA");
 #endif
+  });
+}
+
+void gemm_16_to_32(Device device, DType b16, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+                   std::int64_t k, const void* a, std::int64_t lda, const void* b, std::int64_t ldb, float* c,
+                   std::int64_t ldc) {
+  DUALCAST_CHECK(b16 == DType::bfloat16 || b16 == DType::float16, "matmul_rounded: operand dtype ",
+                 dtype_name(b16), " is not bfloat16 or float16");
+  if (m == 0 || n == 0) return;
+  DUALCAST_CHECK(m > 0 && n > 0 && k >= 0, "gemm: negative size m=", m, " n=", n, " k=", k);
+  check_int_range("m", m);
+  check_int_range("n", n);
+  check_int_range("k", k);
+  check_int_range("lda", lda);
+  check_int_range("ldb", ldb);
+  check_int_range("ldc", ldc);
+  lda = lda < 1 ? 1 : lda;
+  ldb = ldb < 1 ? 1 : ldb;
+  ldc = ldc < 1 ? 1 : ldc;
+  dispatch_floating_storage(b16, "matmul_rounded", [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (is_half_v<T>) {
+      const T* pa = static_cast<const T*>(a);
+      const T* pb = static_cast<const T*>(b);
+      if (device.is_cpu()) {
+        if (k == 0) return cpu_scale<float>(m, n, 0.0, c, ldc, 0, 1);
+        const std::int64_t ar = trans_a ? k : m, ac = trans_a ? m : k;
+        const std::int64_t br = trans_b ? n : k, bc = trans_b ? k : n;
+        std::vector<float> fa(static_cast<std::size_t>(ar * ac)), fb(static_cast<std::size_t>(br * bc));
+        block_to_float(pa, ar, ac, lda, fa.data());
+        block_to_float(pb, br, bc, ldb, fb.data());
+        cpu_gemm<float>(trans_a, trans_b, m, n, k, 1.0, fa.data(), ac, 0, fb.data(), bc, 0, 0.0, c, ldc, 0, 1);
+        return;
+      }
+#if DUALCAST_WITH_CUDA
+      cublasHandle_t h = cublas_handle(device);
+      DeviceGuard guard(device);
+      const float alpha = 1.0f, beta = 0.0f;
+      const cudaDataType t = cuda_type<T>();
+      // Column-major C^T = op(B)^T op(A)^T, as cuda_gemm; only C's type differs from the operands'.
+      DUALCAST_CUBLAS_CHECK(cublasGemmEx(h, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                         static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, pb,
+                                         t, static_cast<int>(ldb), pa, t, static_cast<int>(lda), &beta, c,
+                                         CUDA_R_32F, static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+#else
+      DUALCAST_FAIL("matmul_rounded on ", device.str(), ": this dualcast was built without CUDA");
+#endif
+    }
   });
 }
 

@@ -31,6 +31,14 @@ void gemm(Device device, DType dtype, bool trans_a, bool trans_b, std::int64_t m
           const void* b, std::int64_t ldb, std::int64_t stride_b, double beta, void* c,
           std::int64_t ldc, std::int64_t stride_c, std::int64_t batch = 1);
 
+/// C[m, n] (float32, pitch ldc) = op(A) op(B) with A and B of the 16-bit dtype b16 (bfloat16 or
+/// float16), products summed in float32 and not rounded to 16 bits: cublasGemmEx with a float32 C on
+/// CUDA; on the CPU both operands converted to float32 and one sgemm (exact products of the 16-bit
+/// values). Layouts and flags as gemm's (batch 1, alpha 1, beta 0).
+void gemm_16_to_32(Device device, DType b16, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+                   std::int64_t k, const void* a, std::int64_t lda, const void* b, std::int64_t ldb, float* c,
+                   std::int64_t ldc);
+
 /// Number of cuBLAS handles created so far (one per device at most; for tests).
 int cublas_handles_created();
 

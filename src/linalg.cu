@@ -12,6 +12,7 @@
 #include <string>
 
 #include "blas.hpp"
+#include "gemm_skinny.hpp"
 #include "dualcast/error.hpp"
 #include "dualcast/ops/cast.hpp"
 #include "dualcast/precision.hpp"
@@ -184,6 +185,59 @@ Var matmul(const Var& a, const Var& b, bool trans_a, bool trans_b) {
     if (a.requires_grad()) node->b_ = bv;
   }
   return detail::record1(std::move(node), {a, b}, std::move(c));
+}
+
+Tensor matmul_rounded(const Tensor& a, const Tensor& b, DType dtype, bool trans_a, bool trans_b) {
+  DUALCAST_CHECK(dtype == DType::bfloat16 || dtype == DType::float16, "matmul_rounded: argument 'dtype' is ",
+                 dtype_name(dtype), "; expected bfloat16 or float16");
+  DUALCAST_CHECK(a.defined() && b.defined(), "matmul_rounded: argument '", a.defined() ? "b" : "a",
+                 "' is an undefined Tensor");
+  for (const auto* x : {&a, &b}) {
+    const char* name = x == &a ? "a" : "b";
+    DUALCAST_CHECK(x->dtype() == DType::float32 || x->dtype() == dtype, "matmul_rounded: argument '", name, "' ",
+                   x->shape().str(), " is ", dtype_name(x->dtype()), "; expected float32 or ", dtype_name(dtype));
+    DUALCAST_CHECK(x->rank() == 2, "matmul_rounded: argument '", name, "' has shape ", x->shape().str(),
+                   "; expected a 2-D matrix (with 'a' ", a.shape().str(), ", 'b' ", b.shape().str(), ")");
+    DUALCAST_CHECK(x->is_contiguous(), "matmul_rounded: argument '", name, "' ", x->shape().str(),
+                   " is not contiguous");
+  }
+  DUALCAST_CHECK(a.device() == b.device(), "matmul_rounded: 'a' ", a.shape().str(), " is on ", a.device().str(),
+                 " and 'b' ", b.shape().str(), " on ", b.device().str());
+  const std::int64_t m = trans_a ? a.shape()[1] : a.shape()[0], ka = trans_a ? a.shape()[0] : a.shape()[1];
+  const std::int64_t n = trans_b ? b.shape()[0] : b.shape()[1], kb = trans_b ? b.shape()[1] : b.shape()[0];
+  DUALCAST_CHECK(ka == kb, "matmul_rounded: inner dimensions differ: 'a' ", a.shape().str(), " (trans_a=",
+                 trans_a ? "true" : "false", ") gives k=", ka, " but 'b' ", b.shape().str(), " (trans_b=",
+                 trans_b ? "true" : "false", ") gives k=", kb);
+  const Device dev = a.device();
+  Tensor c = Tensor::empty({m, n}, DType::float32, dev);
+  if (m == 0 || n == 0) return c;
+  if (ka == 0) {
+    c.fill_(0.0);
+    return c;
+  }
+  // Operands are rounded once; a float32 A stays as it is for the skinny kernel, which rounds it as it loads.
+  const Tensor b16 = b.dtype() == dtype ? b : b.to(dtype);
+  auto library = [&] {
+    const Tensor a16 = a.dtype() == dtype ? a : a.to(dtype);
+    detail::gemm_16_to_32(dev, dtype, trans_a, trans_b, m, n, ka, a16.raw_data(), a16.shape()[1], b16.raw_data(),
+                          b16.shape()[1], c.data<float>(), n);
+  };
+  if (detail::skinny_gemm_fits(dev, m, n, ka, trans_a, a.dtype(), dtype)) {
+    auto ours = [&] {
+      detail::skinny_gemm(dev, a.dtype(), dtype, trans_b, m, n, ka, a.raw_data(), a.shape()[1], b16.raw_data(),
+                          b16.shape()[1], c.data<float>(), n);
+    };
+    const std::string key = std::string(dtype_name(dtype)) + " a " + dtype_name(a.dtype()) +
+                            (trans_b ? " b^T " : " b ") + std::to_string(m) + "x" + std::to_string(n) + "x" +
+                            std::to_string(ka) + " lda " + std::to_string(a.shape()[1]) + " ldb " +
+                            std::to_string(b16.shape()[1]);
+    if (detail::choose_skinny(dev, key, ours, library)) {
+      ours();
+      return c;
+    }
+  }
+  library();
+  return c;
 }
 
 }  // namespace dualcast

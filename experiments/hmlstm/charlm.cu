@@ -303,7 +303,8 @@ CurveComparison compare_charlm_modes(const TrainConfig& cfg, double tolerance,
   TrainLog mixed = train_charlm(c, progress);
   c.net.mode = CellMode::reverse;
   TrainLog reverse = train_charlm(c, progress);
-  return compare_curves(std::move(mixed), std::move(reverse), cfg.net.dtype, tolerance);
+  return compare_curves(std::move(mixed), std::move(reverse),
+                        dualcast::is_half(cfg.net.autocast) ? cfg.net.autocast : cfg.net.dtype, tolerance);
 }
 
 CaptureCurveComparison compare_charlm_capture(const TrainConfig& cfg, double tolerance,
@@ -347,8 +348,8 @@ CurveComparison compare_curves(TrainLog mixed, TrainLog reverse, DType dtype, do
   CurveComparison r;
   r.mixed = std::move(mixed);
   r.reverse = std::move(reverse);
-  r.tolerance = tolerance > 0 ? tolerance : (dtype == DType::float64 ? 1e-8 : float32_products_tolerance(1e-3));
-  r.drift_rtol = dtype == DType::float64 ? 1e-6 : float32_products_tolerance(0.03);
+  r.tolerance = tolerance > 0 ? tolerance : (dtype == DType::float64 ? 1e-8 : float32_products_tolerance(1e-3, dtype));
+  r.drift_rtol = dtype == DType::float64 ? 1e-6 : float32_products_tolerance(0.03, dtype);
   double worst = 0.0;
   int worst_step = -1;
   std::size_t parted = static_cast<std::size_t>(-1);

@@ -156,6 +156,7 @@ struct CurveComparison {
 CurveComparison compare_charlm_modes(const TrainConfig& cfg, double tolerance = 0.0,
                                      std::function<void(int step, double bpc)> progress = {});
 /// The comparison itself, on two logs with the same entries (what compare_charlm_modes applies).
+/// dtype: the network's, or the autocast dtype of its products (float32_products_tolerance).
 CurveComparison compare_curves(TrainLog mixed, TrainLog reverse, DType dtype, double tolerance = 0.0);
 
 /// The same training run (cfg.net.mode) eager and captured (cfg.captured ignored), compared entry by

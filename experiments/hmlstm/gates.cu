@@ -10,6 +10,7 @@
 #include "dualcast/error.hpp"
 #include "dualcast/ops/linalg.hpp"
 #include "dualcast/ops/shape.hpp"
+#include "dualcast/precision.hpp"
 #include "dualcast/parallel.hpp"
 #include "network.hpp"  // HmCell (cell.hpp), BoundarySte, BoundarySoft
 
@@ -26,6 +27,7 @@ struct LayerGates::Stack {
   Tensor ds;  ///< [T*B, G]: block t holds step t's gate adjoints (written by backward)
   std::vector<char> written, deposited;
   std::int64_t B = 0;
+  DType low = DType::float32;  // the products' autocast dtype (float32: plain matmul)
 };
 
 namespace {
@@ -250,7 +252,9 @@ void finish_targets(Node& n, const Slots& slots, std::vector<Target>& tg) {
 /// for the gradients of below, zb, h, z and above (targets tg by input index: make_targets).
 void gate_inputs_backward(const Tensor& ds, const Tensor& w, const Tensor& below, const Tensor& zb, const Tensor& z,
                           const Tensor& above, std::vector<Target>& tg, std::int64_t B, std::int64_t H) {
-  const Tensor dx = matmul(ds, w, /*trans_a=*/false, /*trans_b=*/true);  // [B, K]
+  // Under Autocast w is Wcat^T [G, K] in the autocast dtype (gates.hpp): dS_t (Wcat^T) as stored.
+  const Tensor dx = is_half(w.dtype()) ? matmul_rounded(ds, w, w.dtype())
+                                       : matmul(ds, w, /*trans_a=*/false, /*trans_b=*/true);  // [B, K]
   const std::int64_t K = dx.shape()[1];
   GateInputGrads a{dx.raw_data(), below.raw_data(), ptr_or_null(zb), ptr_or_null(z), ptr_or_null(above),
                    tg[0].out(), tg[1].out(), tg[2].out(), tg[4].out(), tg[3].out(),
@@ -273,7 +277,8 @@ class StackNode final : public Node {
       if (!s.written[t]) s.x.narrow(r0, s.B).fill_(0.0);
       if (!s.deposited[t]) s.ds.narrow(r0, s.B).fill_(0.0);
     }
-    Tensor dw = matmul(s.x, s.ds, /*trans_a=*/true, /*trans_b=*/false);
+    Tensor dw = is_half(s.low) ? matmul_rounded(s.x, s.ds, s.low, /*trans_a=*/true)
+                               : matmul(s.x, s.ds, /*trans_a=*/true, /*trans_b=*/false);
     detail::accumulate_grad(*inputs[0], std::move(dw), /*owned=*/true);
     if (grad_outputs[0].defined()) detail::accumulate_grad(*inputs[0], grad_outputs[0], false);
   }
@@ -480,6 +485,11 @@ LayerGates::LayerGates(const Var& wcat, std::int64_t T, std::int64_t B, std::int
   } else {
     w_ = Var(wcat.value());
   }
+  if (autocast_enabled() && wcat.dtype() == DType::float32) {
+    low_ = autocast_dtype();
+    wlow_ = transpose(wcat.value().to(low_));  // [G, K]: rounded once for the T steps
+    if (stack_) stack_->low = low_;
+  }
 }
 
 namespace {
@@ -524,7 +534,7 @@ LayerGates::StepValues LayerGates::products(std::int64_t t, const Var& below, co
   if (w.dtype() == DType::float32) run(float{});
   else run(double{});
   if (track) stack_->written[static_cast<std::size_t>(t)] = 1;
-  v.s = matmul(x, w);  // [B, G]
+  v.s = is_half(low_) ? matmul_rounded(x, wlow_, low_, false, /*trans_b=*/true) : matmul(x, w);  // [B, G]
   return v;
 }
 
@@ -534,7 +544,7 @@ std::vector<Var> LayerGates::step(std::int64_t t, const Var& below, const Var& z
   const std::int64_t H = H_;
   std::vector<Tensor> gates = split(v.s, 1, {H, H, H, H, std::int64_t{1}});
   if (stack_ == nullptr || !grad_enabled()) return {gates.begin(), gates.end()};
-  auto node = std::make_shared<GateNode>(stack_, t, H, v.below, v.zb, v.z, v.above, w_.value());
+  auto node = std::make_shared<GateNode>(stack_, t, H, v.below, v.zb, v.z, v.above, is_half(low_) ? wlow_ : w_.value());
   return detail::record(std::move(node), {below, zb, h, has_above_ ? z : Var(), has_above_ ? h_above : Var(), w_},
                         std::move(gates));
 }
@@ -562,7 +572,7 @@ std::vector<Var> LayerGates::cell_step(std::int64_t t, const Var& below, const V
   // The node keeps what `args` points into: the gates, c, h, the flags and the slope.
   auto node = std::make_shared<FusedCellNode>(stack_, t, H, v.s, args,
                                               std::vector<Tensor>{c.value(), h.value(), zflag, zbflag, slope}, v.below,
-                                              v.zb, v.z, v.above, w);
+                                              v.zb, v.z, v.above, is_half(low_) ? wlow_ : w);
   return detail::record(std::move(node),
                         {below, zb, h, has_above_ ? z : Var(), has_above_ ? h_above : Var(), w_, c}, std::move(outs));
 }

@@ -27,6 +27,13 @@
 // forward and dual numbers backward, in one kernel each way, so a layer-step is 3 kernels forward
 // (gate inputs, product, cell) and 3 backward (cell, product, gate inputs) instead of 5 and 5 (the
 // split, the two broadcasts and the adjoint packing are gone; tests: FusedCellStep*).
+//
+// Under Autocast (a float32 layer built while an Autocast guard is active) every product of the layer
+// rounds its operands to the autocast dtype and sums in float32 (matmul_rounded, ops/linalg.hpp):
+// the gate products read Wcat^T rounded once per forward ([G, K], made in the constructor) and write
+// float32 gates, so the cell kernels, the stacks and every gradient stay float32, as do the master
+// weights. The per-step products have M = B rows: matmul_rounded runs them on its split-K
+// tensor-core kernel where that measures faster than cuBLAS (tests: AutocastStep*).
 #pragma once
 
 #include <cstdint>
@@ -82,6 +89,8 @@ class LayerGates {
 
   std::shared_ptr<Stack> stack_;
   dualcast::Var w_;  // the StackNode's output: Wcat's value
+  dualcast::DType low_ = dualcast::DType::float32;  // the autocast dtype of the products (float32: none)
+  dualcast::Tensor wlow_;  // Wcat^T [G, K] in low_ (under Autocast)
   std::int64_t T_, B_, H_;
   bool has_above_;
 };

@@ -113,18 +113,16 @@ int run(const Options& opt_in) {
                                                            : dualcast::kSameResultTolFloat16);
   }
   if (o.precision == "tf32") dualcast::set_float32_matmul_precision("high");
-  // Workload e's products: bf16 runs them at "medium" (bfloat16 products, float32 sums and results:
-  // the gate kernels read float32, as the PyTorch peer's autocast promotes its bf16 products when
-  // they meet float32 flags); fp16 has no such mode for float32 data and stays float32.
+  // Workload e's float32 products: "high" at tf32; at bf16 and fp16 the model runs under Autocast
+  // instead (workload_e.cu), whose products do not read this setting.
   const std::string e_precision = device.is_cpu()          ? "highest"  // the CPU ignores the setting
                                    : o.precision == "tf32" ? "high"
-                                   : o.precision == "bf16" ? "medium"
                                                            : "highest";
   log_line("  precision " + o.precision + " (a, b, d stored as " + dualcast::dtype_name(ctx.dtype) +
            "; matmul precision " + dualcast::get_float32_matmul_precision() + "; e's products at \"" +
            e_precision + "\"" +
-           (o.precision == "fp16" ? std::string(": float32, no float16-product mode for float32 data")
-            : device.is_cpu() && o.precision != "fp32" ? std::string(": the CPU's products are exact float32")
+           (dualcast::is_half(ctx.dtype) ? std::string("; e under Autocast ") + dualcast::dtype_name(ctx.dtype)
+            : device.is_cpu() && o.precision == "tf32" ? std::string(": the CPU's products are exact float32")
                                                        : std::string()) + ")");
 
   Results res;

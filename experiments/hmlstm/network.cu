@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <tuple>
 #include <utility>
@@ -21,9 +22,11 @@
 #include "dualcast/gradcheck.hpp"
 #include "dualcast/graph.hpp"
 #include "dualcast/math.hpp"
+#include "dualcast/ops/cast.hpp"
 #include "dualcast/ops/elementwise.hpp"
 #include "dualcast/ops/linalg.hpp"
 #include "dualcast/ops/loss.hpp"
+#include "dualcast/precision.hpp"
 #include "dualcast/ops/reduce.hpp"
 #include "dualcast/ops/shape.hpp"
 #include "dualcast/precision.hpp"
@@ -100,6 +103,11 @@ HmlstmNetwork::HmlstmNetwork(const NetworkConfig& config) : config_(config) {
                  "HmlstmNetwork: hidden, vocab, batch and seq must be positive (got H=", config.hidden,
                  " V=", config.vocab, " B=", config.batch, " T=", config.seq, ")");
   DUALCAST_CHECK(is_floating(config.dtype), "HmlstmNetwork: dtype must be float32 or float64");
+  DUALCAST_CHECK(config.autocast == DType::float32 ||
+                     (dualcast::is_half(config.autocast) && config.dtype == DType::float32 && config.stacked_weight_grad),
+                 "HmlstmNetwork: autocast ", dtype_name(config.autocast), " with dtype ", dtype_name(config.dtype),
+                 config.stacked_weight_grad ? "" : " and unstacked gates",
+                 ": Autocast needs a float32 network with stacked gates (autocast bfloat16 or float16)");
   const std::int64_t H = config.hidden, V = config.vocab, G = 4 * H + 1;
   const Device d = config.device;
   const DType t = config.dtype;
@@ -184,8 +192,11 @@ Var HmlstmNetwork::loss(const Tensor& tokens_in) {
   const Tensor onehot_in = (in_ids == classes).to(dt);  // [T*B, V]
 
   auto P = [&](int idx) -> const Var& { return params_[static_cast<std::size_t>(idx)]; };
+  std::optional<dualcast::Autocast> autocast;  // NetworkConfig::autocast: the products in 16 bits
+  if (dualcast::is_half(config_.autocast)) autocast.emplace(config_.autocast);
   // h^0_t = E[x_t] as a one-hot product: its gradient onehot^T @ dh is the scatter-add of rows.
-  const Var emb = matmul(Var(onehot_in), P(kE));  // [T*B, H]
+  Var emb = matmul(Var(onehot_in), P(kE));  // [T*B, H]
+  if (emb.dtype() != dt) emb = cast(emb, dt);  // under Autocast: the layers read float32
   const std::vector<Var> embs = split(emb, 0, std::vector<std::int64_t>(static_cast<std::size_t>(T), B));
 
   const Tensor zeros_bh = Tensor::zeros({B, H}, dt, dev);
@@ -351,7 +362,9 @@ Tensor random_tokens(int seq, int batch, int vocab, std::uint64_t seed) {
   return Tensor::from_vector({seq + 1, batch}, ids);
 }
 
-double float32_products_tolerance(double exact) {
+double float32_products_tolerance(double exact, DType autocast) {
+  if (autocast == DType::bfloat16) return std::max(exact, 5e-2);
+  if (autocast == DType::float16) return std::max(exact, 1e-2);
   switch (dualcast::detail::float32_precision()) {
     case dualcast::detail::Float32Precision::high: return std::max(exact, 1e-2);    // TF32 products
     case dualcast::detail::Float32Precision::medium: return std::max(exact, 5e-2);  // bfloat16 products
@@ -361,7 +374,7 @@ double float32_products_tolerance(double exact) {
 
 ModeComparison compare_modes(const NetworkConfig& config, const Tensor& tokens, double tolerance) {
   ModeComparison r;
-  r.tolerance = tolerance > 0 ? tolerance : (config.dtype == DType::float64 ? 1e-10 : float32_products_tolerance(1e-3));
+  r.tolerance = tolerance > 0 ? tolerance : (config.dtype == DType::float64 ? 1e-10 : float32_products_tolerance(1e-3, config.autocast));
   NetworkConfig cm = config, cr = config;
   cm.mode = CellMode::mixed;
   cr.mode = CellMode::reverse;

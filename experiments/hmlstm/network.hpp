@@ -139,6 +139,11 @@ struct NetworkConfig {
   /// instead of 5 and 5 (default). false: the gates as Vars and the cell and boundary as two library
   /// broadcasts (kept to check that both agree, and to time them: --unfused-cell).
   bool fused_cell = true;
+  /// bfloat16 or float16: loss() runs the forward under Autocast(autocast) (precision.hpp): every
+  /// product rounds its operands to that dtype and sums in float32 (the gates: gates.hpp; the
+  /// embedding and output layers: Autocast's matmul, their results cast back to float32), while the
+  /// cells, states, losses, parameters and gradients stay float32. float32 (default): no Autocast.
+  DType autocast = DType::float32;
 };
 
 /// Boundary statistics of the last loss() call, summed over time steps and batch rows, per layer
@@ -219,11 +224,11 @@ struct ModeComparison {
 /// tolerance <= 0 picks the default: 1e-3 for float32 (fp32 over T steps of BPTT; MODEL.md's
 /// --rtol-model), 1e-10 for float64.
 ModeComparison compare_modes(const NetworkConfig& config, const Tensor& tokens, double tolerance = 0.0);
-/// A float32 tolerance `exact` widened for the products set_float32_matmul_precision asks for: the
-/// two modes' inputs to a product differ by float32 rounding, which "high" (TF32) and "medium"
-/// (bfloat16) products amplify to their own rounding (1e-2 and 5e-2, the PyTorch peers' model
-/// tolerances at those precisions).
-double float32_products_tolerance(double exact);
+/// A float32 tolerance `exact` widened for the products set_float32_matmul_precision asks for, or for
+/// products under Autocast (`autocast` bfloat16 or float16): the two modes' inputs to a product
+/// differ by float32 rounding, which "high" (TF32), "medium" and bfloat16 products amplify to their
+/// own rounding (1e-2, 5e-2 and 5e-2; float16 1e-2: the PyTorch peers' model tolerances).
+double float32_products_tolerance(double exact, DType autocast = DType::float32);
 
 /// The float32 step's accuracy at one float32 matmul precision against the float64 step (issue 30's
 /// accuracy study; accuracy.cpp).

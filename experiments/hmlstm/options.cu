@@ -63,10 +63,10 @@ Options:
   --precision P            fp32 (default), tf32, bf16 or fp16. bf16/fp16: a, b and d store every
                            tensor in bfloat16/float16 (computing in float; floors count 2 bytes a
                            value); tf32 leaves them float32. e: tf32 runs its products at
-                           set_float32_matmul_precision("high"); bf16 runs e's products at "medium"
-                           (bfloat16 products, float32 sums and results: its gate kernels read
-                           float32); fp16 leaves e float32. c is float32 always. The peers run the
-                           same precision in the same run.
+                           set_float32_matmul_precision("high"); bf16/fp16 run e under Autocast
+                           (products of operands rounded to 16 bits, float32 sums and results;
+                           cells, states and gradients float32). c is float32 always. The peers
+                           run the same precision in the same run.
   --out DIR                output folder (default results/hmlstm): results.json, results.csv
   --validate-dir DIR       write the peers' validation directory (a_*, b_* at dims 256; e_* by
                            hmlstm::write_validation at H=64 B=8 T=24)

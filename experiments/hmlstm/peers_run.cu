@@ -71,11 +71,10 @@ Peers run_peers(const Options& o, dualcast::Device device, bool gpu, const std::
   if (o.peers) {
     dualcast::empty_cache(device);  // leave the GPU memory to the peers' frameworks
     std::vector<std::string> pw;
-    // At bf16/fp16 dualcast's model (e) stays float32 (main.cu says why): its peers would run
-    // another precision, so they are left out rather than compared.
-    const bool half = dualcast::is_half(cell_dtype(o));
+    // At bf16/fp16 dualcast's model (e) runs under Autocast, as torch's peer does (JAX's has no
+    // float16 mode and says so).
     for (const char* w : {"a", "b", "e"})
-      if (has(o, w) && !(half && std::string(w) == "e")) pw.push_back(w);
+      if (has(o, w)) pw.push_back(w);
     const std::string py = dcexp::find_python(o.python, "numpy");
     if (pw.empty()) {
       p.note = "peers skipped: none of the peer workloads (a, b, e) was selected";

@@ -3,6 +3,7 @@
 //
 //   hmlstm_step_profile [--mode mixed|reverse] [--hidden H] [--batch B] [--seq T] [--reps N] [--profile]
 //                       [--unfused-cell]   (NetworkConfig::fused_cell = false: the cell as library broadcasts)
+//                       [--autocast bf16|fp16]  (NetworkConfig::autocast: the products under Autocast)
 //
 // Captures one SGD training step (CapturedStep: forward over T steps, BPTT, update), validates it
 // against the eager step (compare_capture), then:
@@ -36,12 +37,13 @@ struct Options {
   int hidden = 512, batch = 64, seq = 100, reps = 20;
   bool profile = false;
   bool fused_cell = true;
+  std::string autocast;  // "", bf16 or fp16
 };
 
 int usage(const std::string& msg) {
   std::cerr << "hmlstm_step_profile: error: " << msg
             << "\nusage: hmlstm_step_profile [--mode mixed|reverse] [--hidden H] [--batch B] [--seq T] "
-               "[--reps N] [--profile] [--unfused-cell]\n";
+               "[--reps N] [--profile] [--unfused-cell] [--autocast bf16|fp16]\n";
   return 2;
 }
 
@@ -77,6 +79,9 @@ int main(int argc, char** argv) {
       } else if (a == "--unfused-cell") {
         args.no_value();
         o.fused_cell = false;
+      } else if (a == "--autocast") {
+        o.autocast = args.value();
+        if (o.autocast != "bf16" && o.autocast != "fp16") throw dcexp::cli::UsageError("--autocast: bf16 or fp16");
       } else if (a == "--help" || a == "-h") {
         std::cout << "see the comment at the top of experiments/hmlstm/profile_step.cu\n";
         return 0;
@@ -101,6 +106,8 @@ int main(int argc, char** argv) {
     cfg.device = dualcast::Device::cuda(0);
     cfg.mode = hmlstm::parse_cell_mode(o.mode);
     cfg.fused_cell = o.fused_cell;
+    if (!o.autocast.empty())
+      cfg.autocast = o.autocast == "bf16" ? dualcast::DType::bfloat16 : dualcast::DType::float16;
     std::vector<dualcast::Tensor> batches;
     for (int k = 0; k < 3; ++k)
       batches.push_back(hmlstm::random_tokens(cfg.seq, cfg.batch, cfg.vocab, cfg.seed + 1000 + k).to(cfg.device));

@@ -37,6 +37,7 @@ import tempfile
 
 # First matching pattern wins (matched against the kernel's demangled name).
 CATEGORIES = [
+    ("matmul (dualcast's skinny tensor-core kernel)", r"skinny_gemm"),
     ("matmul (cuBLAS)", r"gemm|cutlass|xmma|cublas|splitKreduce|gemv|Kernel2"),
     ("fused cell + boundary (mixed broadcasts)", r"HmCell|BoundarySte|BoundarySoft|cell_forward|cell_backward"),
     ("gate inputs / adjoints (LayerGates)", r"gate_input|pack_adjoints"),
@@ -62,7 +63,7 @@ def run(cmd, **kw):
 
 def step_args(a):
     return ["--mode", a.mode, "--hidden", str(a.hidden), "--batch", str(a.batch), "--seq", str(a.seq)] + (
-        ["--unfused-cell"] if a.unfused_cell else [])
+        ["--unfused-cell"] if a.unfused_cell else []) + (["--autocast", a.autocast] if a.autocast else [])
 
 
 def time_step(a):
@@ -153,6 +154,8 @@ def main():
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--unfused-cell", action="store_true",
                    help="the cell and boundary as library broadcasts (NetworkConfig::fused_cell = false)")
+    p.add_argument("--autocast", choices=["bf16", "fp16"],
+                   help="the step's products under Autocast (NetworkConfig::autocast)")
     p.add_argument("--tool", default="ncu", choices=["ncu", "nsys"])
     p.add_argument("--ncu", default="ncu", help="ncu executable (default: ncu on PATH)")
     p.add_argument("--nsys", default="nsys", help="nsys executable (default: nsys on PATH)")

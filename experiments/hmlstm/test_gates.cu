@@ -2,9 +2,12 @@
 // the same loss and gradients as the per-step products inside the network, and gradients against
 // finite differences when the gate inputs already hold gradients of every kind (owned buffers,
 // views the input does not own, none, one Var passed as several inputs), which the backward kernel
-// accumulates into itself.
+// accumulates into itself; under Autocast, products of the rounded operands in both modes, near the
+// float32 network, the same on the GPU as on the CPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -12,6 +15,7 @@
 #include "dualcast/ops/elementwise.hpp"
 #include "dualcast/ops/reduce.hpp"
 #include "dualcast/ops/shape.hpp"
+#include "dualcast/precision.hpp"
 #include "gates.hpp"
 #include "test_network_util.hpp"
 
@@ -302,6 +306,121 @@ TEST_P(GatesTest, StackedGatesEqualThePerStepProducts) {
             << what << " " << names[k];
       }
     }
+}
+
+// ---- Autocast (gates.hpp): products of rounded operands, everything else float32 ------------------
+
+// Forward: under Autocast each gate product is the float32 product of the operands rounded to 16 bits
+// (the inputs here are 0/1-scaled, so rounding the gate-input rows is rounding the inputs); the plain
+// float32 gates differ from them by far more, so a layer that ignored Autocast fails.
+TEST_P(GatesTest, AutocastGatesAreTheProductsOfTheRoundedOperands) {
+  const Device d = GetParam();
+  DUALCAST_SKIP_IF_UNAVAILABLE(d);
+  const std::int64_t H = 24, B = 5, K = 3 * H + 4, G = 4 * H + 1;
+  auto rounded = [](const Tensor& x, DType h) { return x.to(h).to(DType::float32); };
+  for (DType h : {DType::bfloat16, DType::float16}) {
+    const Tensor w = Tensor::randn(Shape{K, G}, d, 51) * 0.2;
+    std::vector<Tensor> in;  // below, zb, h, z, above
+    for (int i = 0; i < 5; ++i)
+      in.push_back(i == 1 || i == 3 ? (Tensor::uniform(Shape{B, 1}, d, 60 + i) > 0.3).to(DType::float32)
+                                    : Tensor::randn(Shape{B, H}, d, 60 + i));
+    std::vector<Tensor> got;
+    {
+      Autocast ac(h);
+      LayerGates gates(Var::param(w), 1, B, H, /*has_above=*/true);
+      for (const Var& v : gates.step(0, in[0], in[1], in[2], in[3], in[4])) got.push_back(v.value());
+    }
+    LayerGates exact(Var(rounded(w, h)), 1, B, H, true);
+    const std::vector<Var> want = exact.step(0, rounded(in[0], h), in[1], rounded(in[2], h), in[3], rounded(in[4], h));
+    LayerGates plain(Var(w), 1, B, H, true);
+    const std::vector<Var> unrounded = plain.step(0, in[0], in[1], in[2], in[3], in[4]);
+    double apart = 0.0;
+    for (std::size_t k = 0; k < got.size(); ++k) {
+      ASSERT_EQ(got[k].dtype(), DType::float32) << k;
+      EXPECT_LE(array_error(got[k], want[k].value(), ErrorScale::largest), kSameResultTolFloat)
+          << dtype_name(h) << " gate " << k;
+      apart = std::max(apart, array_error(got[k], unrounded[k].value(), ErrorScale::largest));
+    }
+    EXPECT_GT(apart, 3 * kSameResultTolFloat) << dtype_name(h) << ": Autocast changed nothing";
+  }
+}
+
+// The network under Autocast: float32 parameters get float32 gradients; mixed and reverse mode agree
+// (their products see the same rounded operands); the loss and gradients stay near the float32
+// network's without equalling them; and the GPU gives the CPU's answer.
+TEST_P(GatesTest, AutocastNetworkAgreesAcrossModesAndStaysNearFloat32) {
+  const Device d = GetParam();
+  DUALCAST_SKIP_IF_UNAVAILABLE(d);
+  NetworkConfig base = tiny(d, DType::float32, CellMode::mixed);
+  base.hidden = 32;
+  base.batch = 8;
+  base.seq = 7;
+  const Tensor tokens = random_tokens(base.seq, base.batch, base.vocab, 71);
+  for (DType h : {DType::bfloat16, DType::float16}) {
+    NetworkConfig ac = base;
+    ac.autocast = h;
+    const ModeComparison cmp = compare_modes(ac, tokens);
+    EXPECT_TRUE(cmp.ok) << dtype_name(h) << ": " << cmp.message;
+    HmlstmNetwork n16(ac), n32(base);
+    n32.load_params_from(n16);
+    Var l16 = n16.loss(tokens), l32 = n32.loss(tokens);
+    l16.backward();
+    l32.backward();
+    const double rel = std::fabs(l16.item() - l32.item()) / std::fabs(l32.item());
+    EXPECT_GT(rel, 0.0) << dtype_name(h);
+    EXPECT_LT(rel, h == DType::bfloat16 ? 1e-2 : 2e-3) << dtype_name(h);
+    const auto names = n16.param_names();
+    for (std::size_t k = 0; k < names.size(); ++k) {
+      ASSERT_EQ(n16.params()[k].grad().dtype(), DType::float32) << names[k];
+      EXPECT_LE(array_error(n16.params()[k].grad(), n32.params()[k].grad(), ErrorScale::largest),
+                h == DType::bfloat16 ? 0.1 : 2e-2)
+          << dtype_name(h) << " " << names[k];
+    }
+    if (d.is_cuda()) {
+      NetworkConfig cpu = ac;
+      cpu.device = Device::cpu();
+      HmlstmNetwork nc(cpu);
+      Var lc = nc.loss(tokens.to(Device::cpu()));
+      lc.backward();
+      EXPECT_NEAR(l16.item(), lc.item(), 1e-4 * std::fabs(lc.item())) << dtype_name(h);
+      for (std::size_t k = 0; k < names.size(); ++k)
+        EXPECT_LE(array_error(n16.params()[k].grad().to(Device::cpu()), nc.params()[k].grad(), ErrorScale::largest),
+                  float32_products_tolerance(1e-3, h))
+            << dtype_name(h) << " GPU vs CPU " << names[k];
+    }
+  }
+}
+
+// The captured step under Autocast equals the eager one: the products of each shape take the path
+// chosen (and timed) in the eager step, and the cluster kernel records into a graph.
+TEST_P(GatesTest, AutocastCapturedStepEqualsTheEagerStep) {
+  const Device d = GetParam();
+  DUALCAST_SKIP_IF_UNAVAILABLE(d);
+  for (CellMode mode : {CellMode::mixed, CellMode::reverse}) {
+    NetworkConfig cfg = tiny(d, DType::float32, mode);
+    cfg.hidden = 24;
+    cfg.batch = 8;
+    cfg.seq = 12;
+    cfg.autocast = DType::bfloat16;
+    const CaptureComparison cc = compare_capture(cfg, random_tokens(cfg.seq, cfg.batch, cfg.vocab, 43));
+    EXPECT_TRUE(cc.ok) << cc.message;  // <= 1e-6
+    if (d.is_cpu()) EXPECT_TRUE(cc.bitwise) << cc.message;
+  }
+}
+
+TEST_P(GatesTest, AutocastNeedsAFloat32NetworkWithStackedGates) {
+  const Device d = GetParam();
+  DUALCAST_SKIP_IF_UNAVAILABLE(d);
+  NetworkConfig f64 = tiny(d, DType::float64);
+  f64.autocast = DType::bfloat16;
+  EXPECT_THROW({ HmlstmNetwork n(f64); }, Error);
+  NetworkConfig unstacked = tiny(d, DType::float32);
+  unstacked.autocast = DType::float16;
+  unstacked.stacked_weight_grad = false;
+  EXPECT_THROW({ HmlstmNetwork n(unstacked); }, Error);
+  NetworkConfig odd = tiny(d, DType::float32);
+  odd.autocast = DType::float64;
+  EXPECT_THROW({ HmlstmNetwork n(odd); }, Error);
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, GatesTest, ::testing::ValuesIn(dualcast::testing::all_devices()),

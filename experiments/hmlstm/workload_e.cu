@@ -30,6 +30,10 @@ WorkloadE run_workload_e(const Options& o, dualcast::Device device, Results& res
   cfg.vocab = 64;
   cfg.device = device;
   cfg.fused_cell = o.fused_cell;
+  // --precision bf16 / fp16: the model's products under Autocast (operands rounded to 16 bits, float32
+  // sums; gates.hpp), everything else float32: what the peers run at that precision (torch.autocast,
+  // JAX's "bfloat16" matmul precision).
+  if (dualcast::is_half(cell_dtype(o))) cfg.autocast = cell_dtype(o);
   r.variant = "H=" + std::to_string(cfg.hidden) + " B=" + std::to_string(cfg.batch) + " T=" + std::to_string(cfg.seq);
   std::vector<std::pair<hmlstm::CellMode, bool>> e_methods{{hmlstm::CellMode::mixed, false},
                                                            {hmlstm::CellMode::reverse, false}};
@@ -69,7 +73,9 @@ WorkloadE run_workload_e(const Options& o, dualcast::Device device, Results& res
     m.floor_ms = 0;
     m.validated = true;
     m.max_rel_err = st.mode_rel_err;
-    m.note = "step-0 loss " + fmt("%.6f", st.loss) + " nats; SGD lr 0.1";
+    m.note = "step-0 loss " + fmt("%.6f", st.loss) + " nats; SGD lr 0.1" +
+             (dualcast::is_half(cfg.autocast) ? std::string("; products under Autocast ") + dualcast::dtype_name(cfg.autocast)
+                                              : std::string());
     if (captured) {
       m.max_rel_err = std::max(st.mode_rel_err, st.capture_rel_err);
       m.note += "; captured step (" + std::to_string(st.graph_nodes) + " graph nodes) vs eager: " +
@@ -87,6 +93,7 @@ WorkloadE run_workload_e(const Options& o, dualcast::Device device, Results& res
     // Mixed mode, the flagship; the tokens are the timing's kind (random ids), a seed of their own.
     hmlstm::NetworkConfig ca = cfg;
     ca.mode = hmlstm::CellMode::mixed;
+    ca.autocast = dualcast::DType::float32;  // the study compares float32 matmul precisions
     log_line("[e] accuracy: the float32 step at each matmul precision against the float64 step, " + r.variant + " (" +
              elapsed() + ")");
     const auto acc = hmlstm::precision_accuracy(ca, hmlstm::random_tokens(ca.seq, ca.batch, ca.vocab, 11),

@@ -29,4 +29,17 @@ Var matmul(const Var& a, const Var& b, bool trans_a = false, bool trans_b = fals
 /// The same product of two Tensors, recording nothing.
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
 
+/// The product Autocast computes, with its float32 sums kept: op(a) op(b) of 2-D a and b, both
+/// rounded to `dtype` (bfloat16 or float16; each operand float32 or `dtype`, contiguous), products
+/// summed in float32, returned as float32 [m, n] without rounding to 16 bits (PyTorch's
+/// torch.mm(a16, b16, out_dtype=torch.float32)). Records nothing: for tape nodes that write their own
+/// backward with it (the HM-LSTM's gate products under Autocast). CPU: exact float32 products of the
+/// rounded values (OpenBLAS). CUDA: cuBLAS (cublasGemmEx, float32 output), or for op(a) of at most
+/// 64 rows without trans_a dualcast's split-K tensor-core kernel (src/gemm_skinny.cu), which reads
+/// a float32 `a` without a separate rounding pass; which of the two runs a shape is timed once per
+/// process and shape (DUALCAST_SKINNY_GEMM=0 or 1 forces cuBLAS or the kernel; DUALCAST_MATMUL_LOG=1
+/// prints each choice). Both sum in float32 in different orders: they agree to float32 rounding of
+/// the sums, not bit for bit. Errors name the argument and shapes (dtype, rank, device, inner size).
+Tensor matmul_rounded(const Tensor& a, const Tensor& b, DType dtype, bool trans_a = false, bool trans_b = false);
+
 }  // namespace dualcast
