@@ -248,6 +248,8 @@ __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(SkinnyArgs p) {
     if (col + 3 < cols) out[3] = s.w;
   }
   cluster.sync();  // no block leaves while another may still read its partial
+#else
+  __trap();  // code built for a GPU without clusters never reaches here (skinny_gemm_fits)
 #endif
 }
 

@@ -37,8 +37,8 @@ void skinny_gemm(Device device, DType a_dtype, DType b16, bool trans_b, std::int
                  std::int64_t k, const void* a, std::int64_t lda, const void* b, std::int64_t ldb, float* c,
                  std::int64_t ldc);
 
-/// Creates the device's per-tile counters now (Graph::capture, through blas_prepare: creating them
-/// under a capture would call unsafe APIs). No-op on the CPU and in a CPU-only build.
+/// Reads the device's SM count and cluster support now (Graph::capture, through blas_prepare: the
+/// first query must not happen under a capture). No-op on the CPU and in a CPU-only build.
 void skinny_prepare(Device device);
 
 /// Which of two ways to run one product shape: DUALCAST_SKINNY_GEMM=1 always `ours`, =0 never;
