@@ -2,15 +2,13 @@
 // between it and cuBLAS. Compiled as plain C++ in a CPU-only build, where skinny_gemm_fits is false.
 //
 // Kernel layout. A block of 4 warps owns the 64 x 64 tile of C at columns [64 bx, 64 bx + 64) and
-// one slice of the inner dimension, [by * kc, (by + 1) * kc), walked 64 at a time. Its steps stream
-// through a ring of 4 shared-memory stages by cp.async: the copies of the next 3 steps are in flight
-// while the tensor cores work on the current one, so a block waits for about one memory round trip,
-// not one per step (the first version staged one step in registers: ncu showed it latency-bound at
-// 11.5% achieved occupancy). A stage holds A's 64 x 64 block as stored (float32 or 16-bit; float32
-// pairs are rounded to 16 bits by one cvt as fragments are read) and B's 16-bit block; rows beyond m
-// and columns beyond n or k are zeros. Warp w multiplies the rows of its four 16-row tiles by columns
-// [16 w, 16 w + 16) with mma.sync m16n8k16 (float32 sums: 32 accumulators per lane). Tiles have a
-// pitch of 72 elements, so the eight rows a fragment load touches fall in distinct banks. B stored
+// one slice of the inner dimension, [by * kc, (by + 1) * kc), walked 64 at a time: each step stores
+// A's 64 x 64 block and B's 64 x 64 block in shared memory as 16-bit values (A rounded from float32
+// if need be; rows beyond m and columns beyond n or k as zeros), then warp w multiplies the rows of
+// its four 16-row tiles by columns [16 w, 16 w + 16) with mma.sync m16n8k16 (float32 sums: 32
+// accumulators per lane). The next step's blocks are loaded into registers (all 32 loads of a lane
+// issued at once) while the tensor cores work on this one. Both tiles are stored with a pitch of 72
+// halves (36 words), so the eight rows a fragment load touches fall in distinct banks. B stored
 // [n, k] is kept as [n][k] and read in 32-bit pairs along k; B stored [k, n] is kept as [k][n] (its
 // global rows are then contiguous) and a fragment's pairs are gathered from two 16-bit loads.
 //
@@ -19,8 +17,7 @@
 // barrier, block r adds up the r-th share of the tile's elements over the slices in the order 0, 1,
 // ... (reading the others' shared memory) and writes C, and a second barrier keeps every block's
 // partial alive until all have read it. So the sum is on chip, needs no workspace or counters, and
-// does not depend on which block finishes first. The split aims at about 2 blocks per SM (their
-// stages take 110 KB of shared memory each with a float32 A).
+// does not depend on which block finishes first. The split aims at about 2 blocks per SM.
 #include "gemm_skinny.hpp"
 
 #include <algorithm>
@@ -48,83 +45,71 @@ namespace dualcast::detail {
 namespace {
 
 constexpr int kTile = 64;      // rows (all of m), columns and inner-dimension step of a block
-constexpr int kPitch = 72;     // elements per shared-memory row (kTile + 8: conflict-free fragments)
+constexpr int kPitch = 72;     // halves per shared-memory row (kTile + 8: conflict-free fragments)
 constexpr int kThreads = 128;  // 4 warps
-constexpr int kStages = 4;     // k-steps in flight per block (the shared-memory ring)
+constexpr int kRowsPerWarp = kTile / (kThreads / 32);  // rows of a 64 x 64 block one warp loads
 constexpr int kMaxSlices = 8;  // the portable cluster size
 
-/// Shared memory per stage: A's 64 x 64 block as stored (float32 or 16-bit) and B's 16-bit block.
-template <class SA>
-__host__ __device__ constexpr int stage_bytes() {
-  return kTile * kPitch * static_cast<int>(sizeof(SA)) + kTile * kPitch * 2;
-}
-template <class SA>
-__host__ __device__ constexpr int smem_bytes() {
-  return kStages * stage_bytes<SA>();
-}
-
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-/// An asynchronous copy of N bytes (4 or 8) from global to shared memory, both N-byte aligned.
-template <int N>
-__device__ __forceinline__ void cp_async(void* dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(smem_addr(dst)), "l"(src), "n"(N));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-/// Waits until at most N of this thread's committed copy groups are still in flight.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-/// Starts copying the row-major block at src (pitch ld; rows < rows_ok and columns < cols_ok valid,
-/// the rest zero) into dst[64][kPitch] (elements of S): warp w takes rows w, w + 4, ...; lane l the
-/// columns 2l and 2l + 1. A pair in range and aligned is one asynchronous copy; float32 elements
-/// always can be copied one by one; a 16-bit pair that is misaligned or cut by the edge is loaded
-/// and stored here (synchronously: it happens only at odd pitches or offsets); zeros are stored here.
+/// What a lane holds of one 64 x 64 block between its global load and its shared-memory store: for
+/// row warp + 4 i, columns 2 lane and 2 lane + 1 (raw: a float32 pair, or a 16-bit pair in 32 bits).
 template <class S>
-__device__ __forceinline__ void issue_tile(S* dst, const S* src, std::int64_t ld, int rows_ok, int cols_ok, int warp,
-                                           int lane) {
+struct Staged {
+  using Pair = std::conditional_t<sizeof(S) == 4, float2, unsigned>;
+  Pair v[kRowsPerWarp];
+};
+
+/// A float or 16-bit value as the 16 bits of B16 (bfloat16 or float16), rounded to nearest even.
+template <class B16, class S>
+__device__ __forceinline__ unsigned to_bits(S v) {
+  if constexpr (std::is_same_v<S, B16>) return v.bits;
+  else return B16(static_cast<float>(v)).bits;
+}
+
+/// Loads the lane's share of the block at src (row-major, pitch ld; rows < rows_ok and columns <
+/// cols_ok valid, the rest zero): all loads first, nothing waits on them here. A pair is one load
+/// when both columns are valid and it is aligned, else two (or one, or none).
+template <class S>
+__device__ __forceinline__ void fetch(Staged<S>& st, const S* src, std::int64_t ld, int rows_ok, int cols_ok,
+                                      int warp, int lane) {
   const int c = 2 * lane;
-#pragma unroll 4
-  for (int r = warp; r < kTile; r += kThreads / 32) {
-    S* d = dst + r * kPitch + c;
-    if (r >= rows_ok || c >= cols_ok) {
-      if constexpr (sizeof(S) == 4) *reinterpret_cast<float2*>(d) = make_float2(0.0f, 0.0f);
-      else *reinterpret_cast<unsigned*>(d) = 0u;
-      continue;
-    }
-    const S* q = src + r * ld + c;
-    const bool both = c + 1 < cols_ok;
-    if (both && reinterpret_cast<std::uintptr_t>(q) % (2 * sizeof(S)) == 0) {
-      cp_async<2 * sizeof(S)>(d, q);
-    } else if constexpr (sizeof(S) == 4) {
-      cp_async<4>(d, q);
-      if (both) cp_async<4>(d + 1, q + 1);
-      else d[1] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kRowsPerWarp; ++i) {
+    const int r = warp + 4 * i;
+    const S* p = src + r * ld + c;
+    const bool row_ok = r < rows_ok;
+    const bool pair = row_ok && c + 1 < cols_ok && reinterpret_cast<std::uintptr_t>(p) % (2 * sizeof(S)) == 0;
+    if constexpr (sizeof(S) == 4) {
+      float2 v = make_float2(0.0f, 0.0f);
+      if (pair) {
+        v = __ldg(reinterpret_cast<const float2*>(p));
+      } else if (row_ok && c < cols_ok) {
+        v.x = __ldg(p);
+        if (c + 1 < cols_ok) v.y = __ldg(p + 1);
+      }
+      st.v[i] = v;
     } else {
-      const auto* h = reinterpret_cast<const unsigned short*>(q);
-      const unsigned lo = __ldg(h), hi = both ? __ldg(h + 1) : 0u;
-      *reinterpret_cast<unsigned*>(d) = lo | (hi << 16);
+      unsigned v = 0u;
+      const auto* q = reinterpret_cast<const unsigned short*>(p);
+      if (pair) {
+        v = __ldg(reinterpret_cast<const unsigned*>(p));
+      } else if (row_ok && c < cols_ok) {
+        v = __ldg(q);
+        if (c + 1 < cols_ok) v |= static_cast<unsigned>(__ldg(q + 1)) << 16;
+      }
+      st.v[i] = v;
     }
   }
 }
 
-/// Two A values (k and k + 1 of one row) as the 32-bit register of a fragment: 16-bit pairs as
-/// stored, float32 pairs rounded to B16 here (one cvt for both; the lower k in the lower half).
-template <class B16, class SA>
-__device__ __forceinline__ unsigned a_pair(const SA* p) {
-  if constexpr (sizeof(SA) == 2) {
-    return *reinterpret_cast<const unsigned*>(p);
-  } else {
-    const float2 v = *reinterpret_cast<const float2*>(p);
-    unsigned r;
-    if constexpr (std::is_same_v<B16, bfloat16>)
-      asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(v.y), "f"(v.x));
-    else
-      asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(v.y), "f"(v.x));
-    return r;
+/// Stores a fetched block into dst[64][kPitch] as 16-bit B16 values (rounding float32 here).
+template <class B16, class S>
+__device__ __forceinline__ void stash(std::uint16_t* dst, const Staged<S>& st, int warp, int lane) {
+#pragma unroll
+  for (int i = 0; i < kRowsPerWarp; ++i) {
+    unsigned pair;
+    if constexpr (sizeof(S) == 4) pair = to_bits<B16>(st.v[i].x) | (to_bits<B16>(st.v[i].y) << 16);
+    else pair = st.v[i];
+    *reinterpret_cast<unsigned*>(dst + (warp + 4 * i) * kPitch + 2 * lane) = pair;
   }
 }
 
@@ -155,44 +140,35 @@ struct SkinnyArgs {
 
 template <class B16, class SA, bool kTransB>
 __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(SkinnyArgs p) {
-  // kStages stages of (A block, B block), and after the main loop the block's float32 partial tile.
-  extern __shared__ __align__(16) unsigned char smem[];
-  static_assert(smem_bytes<SA>() >= static_cast<int>(sizeof(float)) * kTile * kTile, "the partial tile must fit");
+  // The two 16-bit blocks, and after the main loop the block's float32 partial tile [64][64].
+  __shared__ __align__(16) std::uint16_t smem[2 * kTile * kPitch];
+  static_assert(sizeof(smem) >= sizeof(float) * kTile * kTile, "the partial tile must fit");
+  std::uint16_t* as = smem;
+  std::uint16_t* bs = smem + kTile * kPitch;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;  // the mma fragment's group and thread in group
   const int n0 = blockIdx.x * kTile;
   const int k_begin = blockIdx.y * p.kc, k_end = min(p.k, k_begin + p.kc);
-  const int steps = (k_end - k_begin + kTile - 1) / kTile;
   const int m_tiles = (p.m + 15) / 16;
   const SA* A = static_cast<const SA*>(p.a);
   const B16* B = static_cast<const B16*>(p.b);
-  auto a_tile = [&](int stage) { return reinterpret_cast<SA*>(smem + stage * stage_bytes<SA>()); };
-  auto b_tile = [&](int stage) {
-    return reinterpret_cast<std::uint16_t*>(smem + stage * stage_bytes<SA>() + kTile * kPitch * sizeof(SA));
-  };
-  // Step s of this block's slice into stage s % kStages; every thread commits one group per call
-  // (empty past the end), so the group count stays in step with s.
-  auto issue_step = [&](int s) {
-    if (s < steps) {
-      const int k0 = k_begin + s * kTile, kn = min(kTile, k_end - k0);
-      const int st = s % kStages;
-      issue_tile(a_tile(st), A + k0, p.lda, p.m, kn, warp, lane);
-      auto* bt = reinterpret_cast<B16*>(b_tile(st));
-      if constexpr (kTransB) issue_tile(bt, B + static_cast<std::int64_t>(n0) * p.ldb + k0, p.ldb, p.n - n0, kn, warp, lane);
-      else issue_tile(bt, B + static_cast<std::int64_t>(k0) * p.ldb + n0, p.ldb, kn, p.n - n0, warp, lane);
-    }
-    cp_async_commit();
+
+  Staged<SA> sa;
+  Staged<B16> sb;
+  auto fetch_step = [&](int k0) {
+    const int kn = min(kTile, k_end - k0);
+    fetch(sa, A + k0, p.lda, p.m, kn, warp, lane);
+    if constexpr (kTransB) fetch(sb, B + static_cast<std::int64_t>(n0) * p.ldb + k0, p.ldb, p.n - n0, kn, warp, lane);
+    else fetch(sb, B + static_cast<std::int64_t>(k0) * p.ldb + n0, p.ldb, kn, p.n - n0, warp, lane);
   };
 
   float acc[4][2][4] = {};
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) issue_step(s);
-  for (int s = 0; s < steps; ++s) {
-    cp_async_wait<kStages - 2>();  // this thread's copies of step s have landed
-    __syncthreads();               // everyone's have; and stage (s - 1) % kStages is free again
-    issue_step(s + kStages - 1);
-    const SA* as = a_tile(s % kStages);
-    const std::uint16_t* bs = b_tile(s % kStages);
+  fetch_step(k_begin);
+  for (int k0 = k_begin; k0 < k_end; k0 += kTile) {
+    stash<B16>(as, sa, warp, lane);
+    stash<B16>(bs, sb, warp, lane);
+    __syncthreads();
+    if (k0 + kTile < k_end) fetch_step(k0 + kTile);  // in flight during the products below
 #pragma unroll
     for (int kk = 0; kk < kTile; kk += 16) {
       unsigned bf[2][2];
@@ -211,16 +187,17 @@ __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(SkinnyArgs p) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         if (i >= m_tiles) break;  // uniform over the block
-        const SA* r0 = as + (i * 16 + g) * kPitch + kk + 2 * t;
-        const unsigned af[4] = {a_pair<B16>(r0), a_pair<B16>(r0 + 8 * kPitch), a_pair<B16>(r0 + 8),
-                                a_pair<B16>(r0 + 8 * kPitch + 8)};
+        const std::uint16_t* r0 = as + (i * 16 + g) * kPitch + kk + 2 * t;
+        const unsigned af[4] = {*reinterpret_cast<const unsigned*>(r0),
+                                *reinterpret_cast<const unsigned*>(r0 + 8 * kPitch),
+                                *reinterpret_cast<const unsigned*>(r0 + 8),
+                                *reinterpret_cast<const unsigned*>(r0 + 8 * kPitch + 8)};
         mma<B16>(acc[i][0], af, bf[0]);
         mma<B16>(acc[i][1], af, bf[1]);
       }
     }
+    __syncthreads();
   }
-  cp_async_wait<0>();  // only empty groups remain; nothing may land in the partial tile below
-  __syncthreads();     // every warp is done with the stages
 
   // Accumulator (i, j, e) is C's row 16 i + g + 8 (e / 2), tile column 16 warp + 8 j + 2 t + e % 2.
   if (p.slices == 1) {
@@ -236,7 +213,7 @@ __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(SkinnyArgs p) {
     return;
   }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  float* part = reinterpret_cast<float*>(smem);  // [64][64], over the stages
+  float* part = reinterpret_cast<float*>(smem);  // [64][64]; the last __syncthreads freed the blocks
 #pragma unroll
   for (int i = 0; i < 4; ++i)
 #pragma unroll
@@ -294,25 +271,12 @@ SkinnyDevice skinny_device(Device device) {
   });
 }
 
-/// Raises the kernels' dynamic shared-memory limit (above the default 48 KB) once per device.
 template <class B16, class SA>
-void allow_smem(Device device) {
-  static PerDevice<bool> raised;
-  raised.get(device, "matmul_rounded", [&] {
-    DeviceGuard guard(device);
-    for (auto* k : {skinny_gemm_kernel<B16, SA, true>, skinny_gemm_kernel<B16, SA, false>})
-      DUALCAST_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<SA>()));
-    return true;
-  });
-}
-
-template <class B16, class SA>
-void launch(Device device, bool trans_b, dim3 grid, int cluster_y, const SkinnyArgs& args, cudaStream_t s) {
-  allow_smem<B16, SA>(device);
+void launch(bool trans_b, dim3 grid, int cluster_y, const SkinnyArgs& args, cudaStream_t s) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem_bytes<SA>();
+  cfg.dynamicSmemBytes = 0;
   cfg.stream = s;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -325,8 +289,8 @@ void launch(Device device, bool trans_b, dim3 grid, int cluster_y, const SkinnyA
   else DUALCAST_CUDA_CHECK(cudaLaunchKernelEx(&cfg, skinny_gemm_kernel<B16, SA, false>, args));
 }
 
-/// Blocks per SM the split aims at: 2 by default (what the shared memory of float32-A blocks allows;
-/// more slices mean more partial tiles to add), or DUALCAST_SKINNY_BLOCKS_PER_SM (1..16), for
+/// Blocks per SM the split aims at: 2 by default (each block keeps its next step's loads in flight,
+/// and more slices mean more partial tiles to add), or DUALCAST_SKINNY_BLOCKS_PER_SM (1..16), for
 /// measuring others.
 std::int64_t blocks_per_sm() {
   static const std::int64_t v = [] {
@@ -352,11 +316,7 @@ __global__ void spin_kernel(long long ns) {
 }  // namespace
 
 void skinny_prepare(Device device) {
-  if (!device.is_cuda() || !skinny_device(device).clusters) return;
-  allow_smem<bfloat16, float>(device);
-  allow_smem<bfloat16, bfloat16>(device);
-  allow_smem<float16, float>(device);
-  allow_smem<float16, float16>(device);
+  if (device.is_cuda()) (void)skinny_device(device);
 }
 
 bool skinny_gemm_fits(Device device, std::int64_t m, std::int64_t n, std::int64_t k, bool trans_a, DType a_dtype,
@@ -390,11 +350,11 @@ void skinny_gemm(Device device, DType a_dtype, DType b16, bool trans_b, std::int
   const int cy = static_cast<int>(slices);
   const cudaStream_t s = stream(device);
   if (b16 == DType::bfloat16) {
-    if (a_dtype == DType::float32) launch<bfloat16, float>(device, trans_b, grid, cy, args, s);
-    else launch<bfloat16, bfloat16>(device, trans_b, grid, cy, args, s);
+    if (a_dtype == DType::float32) launch<bfloat16, float>(trans_b, grid, cy, args, s);
+    else launch<bfloat16, bfloat16>(trans_b, grid, cy, args, s);
   } else {
-    if (a_dtype == DType::float32) launch<float16, float>(device, trans_b, grid, cy, args, s);
-    else launch<float16, float16>(device, trans_b, grid, cy, args, s);
+    if (a_dtype == DType::float32) launch<float16, float>(trans_b, grid, cy, args, s);
+    else launch<float16, float16>(trans_b, grid, cy, args, s);
   }
   DUALCAST_CUDA_CHECK_LAUNCH();
 }

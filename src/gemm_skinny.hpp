@@ -30,16 +30,15 @@ bool skinny_gemm_fits(Device device, std::int64_t m, std::int64_t n, std::int64_
                       DType b16);
 
 /// C[m, n] (float32, pitch ldc) = A[m, k] x op(B) with A's and B's values rounded to b16 (A may be
-/// float32: rounded as its fragments are read), products summed in float32. op(B) is [k, n]: B is stored [n, k]
+/// float32: rounded as it is loaded), products summed in float32. op(B) is [k, n]: B is stored [n, k]
 /// (pitch ldb) when trans_b, else [k, n]. Asynchronous on the device's dualcast stream; the split-K
 /// slices are summed on chip (no workspace). Requires skinny_gemm_fits.
 void skinny_gemm(Device device, DType a_dtype, DType b16, bool trans_b, std::int64_t m, std::int64_t n,
                  std::int64_t k, const void* a, std::int64_t lda, const void* b, std::int64_t ldb, float* c,
                  std::int64_t ldc);
 
-/// Reads the device's SM count and cluster support and raises the kernels' shared-memory limit now
-/// (Graph::capture, through blas_prepare: neither may happen first under a capture). No-op on the
-/// CPU and in a CPU-only build.
+/// Reads the device's SM count and cluster support now (Graph::capture, through blas_prepare: the
+/// first query must not happen under a capture). No-op on the CPU and in a CPU-only build.
 void skinny_prepare(Device device);
 
 /// Which of two ways to run one product shape: DUALCAST_SKINNY_GEMM=1 always `ours`, =0 never;
