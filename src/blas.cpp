@@ -41,6 +41,24 @@ void check_int_range(const char* what, std::int64_t v) {
                  " exceeds the 32-bit range the BLAS interface accepts");
 }
 
+/// The sizes of a (batched) GEMM: non-negative, within BLAS's int, and every leading dimension at
+/// least 1 (BLAS requires it even for empty operands), which it clamps in place.
+void check_dims(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t batch, std::int64_t& lda,
+                std::int64_t& ldb, std::int64_t& ldc) {
+  DUALCAST_CHECK(m > 0 && n > 0 && k >= 0 && batch > 0, "gemm: negative size m=", m, " n=", n,
+                 " k=", k, " batch=", batch);
+  check_int_range("m", m);
+  check_int_range("n", n);
+  check_int_range("k", k);
+  check_int_range("batch", batch);
+  lda = lda < 1 ? 1 : lda;
+  ldb = ldb < 1 ? 1 : ldb;
+  ldc = ldc < 1 ? 1 : ldc;
+  check_int_range("lda", lda);
+  check_int_range("ldb", ldb);
+  check_int_range("ldc", ldc);
+}
+
 template <class T>
 void cpu_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, double alpha,
               const T* a, std::int64_t lda, std::int64_t sa, const T* b, std::int64_t ldb,
@@ -226,19 +244,7 @@ void gemm(Device device, DType dtype, bool trans_a, bool trans_b, std::int64_t m
           const void* b, std::int64_t ldb, std::int64_t stride_b, double beta, void* c,
           std::int64_t ldc, std::int64_t stride_c, std::int64_t batch) {
   if (m == 0 || n == 0 || batch == 0) return;
-  DUALCAST_CHECK(m > 0 && n > 0 && k >= 0 && batch > 0, "gemm: negative size m=", m, " n=", n,
-                 " k=", k, " batch=", batch);
-  check_int_range("m", m);
-  check_int_range("n", n);
-  check_int_range("k", k);
-  check_int_range("batch", batch);
-  // BLAS requires every leading dimension to be at least 1, even for empty operands.
-  lda = lda < 1 ? 1 : lda;
-  ldb = ldb < 1 ? 1 : ldb;
-  ldc = ldc < 1 ? 1 : ldc;
-  check_int_range("lda", lda);
-  check_int_range("ldb", ldb);
-  check_int_range("ldc", ldc);
+  check_dims(m, n, k, batch, lda, ldb, ldc);
 
   dispatch_floating_storage(dtype, "matmul", [&](auto tag) {
     using T = decltype(tag);
@@ -298,16 +304,7 @@ void gemm_16_to_32(Device device, DType b16, bool trans_a, bool trans_b, std::in
   DUALCAST_CHECK(b16 == DType::bfloat16 || b16 == DType::float16, "matmul_rounded: operand dtype ",
                  dtype_name(b16), " is not bfloat16 or float16");
   if (m == 0 || n == 0) return;
-  DUALCAST_CHECK(m > 0 && n > 0 && k >= 0, "gemm: negative size m=", m, " n=", n, " k=", k);
-  check_int_range("m", m);
-  check_int_range("n", n);
-  check_int_range("k", k);
-  check_int_range("lda", lda);
-  check_int_range("ldb", ldb);
-  check_int_range("ldc", ldc);
-  lda = lda < 1 ? 1 : lda;
-  ldb = ldb < 1 ? 1 : ldb;
-  ldc = ldc < 1 ? 1 : ldc;
+  check_dims(m, n, k, 1, lda, ldb, ldc);
   dispatch_floating_storage(b16, "matmul_rounded", [&](auto tag) {
     using T = decltype(tag);
     if constexpr (is_half_v<T>) {
