@@ -14,15 +14,25 @@ namespace dualcast {
 
 namespace detail {
 
+// A kernel reinterprets with CUDA's intrinsics: NVRTC (dualcast.jit's CUDA kernels) has no
+// __builtin_memcpy. Both are a register move there.
 DUALCAST_HD DUALCAST_INLINE std::uint32_t float_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
   std::uint32_t u;
   __builtin_memcpy(&u, &f, sizeof(u));
   return u;
+#endif
 }
 DUALCAST_HD DUALCAST_INLINE float bits_float(std::uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
   float f;
   __builtin_memcpy(&f, &u, sizeof(f));
   return f;
+#endif
 }
 
 DUALCAST_HD DUALCAST_INLINE std::uint16_t float_to_bf16_bits(float f) {

@@ -20,6 +20,8 @@ from . import cuda_kernel, jit
 
 SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nvrtc_include")
 THREADS = cuda_kernel.THREADS
+# Bytes per stored element of each of jit.DTYPES (the 16-bit types compute in float, stored in 2).
+ITEMSIZE = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
 
 
 def cuda_home():
@@ -236,7 +238,7 @@ class CudaKernel:
                 self._fn[(walk, bits)] = f
             self._fast_blocks = _resident_blocks(self._fn[("fast", 32)])
         self._Args = args_type(spec)
-        self._itemsize = {"float32": 4, "float64": 8}[dtype]
+        self._itemsize = ITEMSIZE[dtype]
         self._plans = jit.LaunchPlans(spec)
 
     def _plan(self, shape, in_strides):

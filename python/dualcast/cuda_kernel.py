@@ -9,11 +9,13 @@ Two walks (32-bit index arithmetic is cheaper, and exact below 2^31 elements):
   compile of every function about 35% slower, for arrays of 8 GiB and more: those take the general
   walk): every input's last stride is 1 (it advances with the element) or 0
   (broadcast along the row), the common case after coalescing: one row (a contiguous or scalar
-  call) or rows over blockIdx.y. A thread takes W consecutive elements (one 16-byte vector: 4 floats,
-  2 doubles), read through a row pointer per input with unit steps, and 16-byte loads and stores
-  where the host found every address and row start aligned (Args::vec). An input broadcast along the
-  row is read once per row. The body is evaluated once per element, on the same numbers in the same
-  order as the general walk, so its results are the general walk's bit for bit.
+  call) or rows over blockIdx.y. A thread takes W consecutive elements (as many as one 16-byte vector
+  of the compute type holds: 4 floats, 2 doubles), read through a row pointer per input with unit
+  steps, and vector loads and stores where the host found every address and row start aligned
+  (Args::vec). 16-bit storage (bfloat16, float16) computes in float, so it takes 4 lanes too, moved
+  as one 8-byte vector of 16-bit values and converted in registers. An input broadcast along the row
+  is read once per row. The body is evaluated once per element, on the same numbers in the same order
+  as the general walk, so its results are the general walk's bit for bit.
 - general (dualcast_jit_kernel32/64): anything else, one element per thread, each input through its
   own strides (rows over blockIdx.y when they fill half a block), with 32- or 64-bit indices.
 """
@@ -21,22 +23,30 @@ Two walks (32-bit index arithmetic is cheaper, and exact below 2^31 elements):
 import collections
 
 THREADS = 256                # threads per block
-VECTOR_BYTES = 16            # one float4 / double2
+VECTOR_BYTES = 16            # one float4 / double2 of lanes (16-bit storage: half of it, a uint2)
 FAST_BLOCKS_PER_SM = 8       # the fast walk's grid: enough blocks to fill the GPU, each then loops
 GENERAL_BLOCKS_PER_SM = 16
 MAX_FAST_INPUTS = 64         # Args::unit is a 64-bit mask
 INDEX32_LIMIT = 2 ** 31      # fewer elements than this: the 32-bit entry points
 
-Plan = collections.namedtuple("Plan", "n walk bits unit vec_strides grid")
+Plan = collections.namedtuple("Plan", "n walk bits unit vec_strides grid vec_bytes")
 Plan.__doc__ = """How one call shape runs: n elements; walk 'fast', 'rowwise' or 'flat' (the general
 kernel's two walks); bits 32 or 64 (the entry point; the fast walk has only 32); unit: the mask of inputs whose last stride is
 1 (fast walk); vec_strides: whether every row starts on a vector boundary in every unit input and in
-the outputs (then the addresses alone decide, per call: vector_ok); grid (x, y)."""
+the outputs (then the addresses alone decide, per call: vector_ok); grid (x, y); vec_bytes: the
+size of one vector access, which every address it touches must be a multiple of (vector_bytes)."""
 
 
 def lanes(itemsize):
-    """Elements per thread in the fast walk (and per 16-byte vector): 4 float32, 2 float64."""
-    return VECTOR_BYTES // itemsize
+    """Elements per thread in the fast walk: one 16-byte vector of the compute type, so 4 float32,
+    2 float64, and 4 of a 16-bit type (computed in float: the kernel's W is 16 / sizeof(T))."""
+    return VECTOR_BYTES // max(itemsize, 4)
+
+
+def vector_bytes(itemsize):
+    """Bytes of one vector load or store in the fast walk (W elements of storage): 16, and 8 for the
+    16-bit types (a uint2 of 4 lanes)."""
+    return lanes(itemsize) * itemsize
 
 
 def index_bits(n):
@@ -72,18 +82,19 @@ def plan(shape, in_strides, itemsize, sms, fast=True, fast_blocks_per_sm=None):
         cap = sms * max(1, min(fast_blocks_per_sm or FAST_BLOCKS_PER_SM, FAST_BLOCKS_PER_SM))
         gx = min(-(-cols // tile), cap)
         gy = min(rows, max(1, cap // gx), 65535)
-        return Plan(n, "fast", 32, unit, vec_strides, (gx, gy))
+        return Plan(n, "fast", 32, unit, vec_strides, (gx, gy), vector_bytes(itemsize))
     cap = sms * GENERAL_BLOCKS_PER_SM
     if nd >= 2 and cols >= THREADS // 2:  # rows of at least half a block: one decomposition per row
         gx = min(-(-cols // THREADS), cap)
-        return Plan(n, "rowwise", index_bits(n), 0, False, (gx, min(rows, max(1, cap // gx), 65535)))
-    return Plan(n, "flat", index_bits(n), 0, False, (min(-(-n // THREADS), cap), 1))
+        return Plan(n, "rowwise", index_bits(n), 0, False, (gx, min(rows, max(1, cap // gx), 65535)), 0)
+    return Plan(n, "flat", index_bits(n), 0, False, (min(-(-n // THREADS), cap), 1), 0)
 
 
 def vector_ok(p, inputs, outputs, partials):
-    """Whether this call of Plan p may use 16-byte loads and stores: the plan's strides allow them and
-    every address they touch (the unit inputs', the outputs' and the wanted partials') is 16-byte
-    aligned. Per call: the same shape can come with a view that starts mid-vector (x[:, 1:])."""
+    """Whether this call of Plan p may use vector loads and stores: the plan's strides allow them and
+    every address they touch (the unit inputs', the outputs' and the wanted partials') is a multiple
+    of p.vec_bytes (16, or 8 for 16-bit storage). Per call: the same shape can come with a view that
+    starts mid-vector (x[:, 1:], or x[1:] of a bfloat16 tensor, 2 bytes in)."""
     if p is None or p.walk != "fast" or not p.vec_strides:
         return False
     bits = 0
@@ -94,12 +105,12 @@ def vector_ok(p, inputs, outputs, partials):
         bits |= addr or 0
     for addr in partials:
         bits |= addr or 0
-    return bits % VECTOR_BYTES == 0
+    return bits % p.vec_bytes == 0
 
 
 # What a fast chunk stores: the rows of W lanes that jit's tile_keep filled (the same arrays as the
-# CPU tiles'), to the row's contiguous outputs at element first + c. (Plain text, not format strings:
-# they are a format field's value.)
+# CPU tiles', in the compute type T), to the row's contiguous outputs (storage type S) at element
+# first + c. (Plain text, not format strings: they are a format field's value.)
 TILE_STORES = {
     "dual": """\
 #pragma unroll
@@ -107,7 +118,7 @@ TILE_STORES = {
           store_lanes(OUTP(a.out, m) + first + c, r[m][0], vec);
 #pragma unroll
           for (int j = 0; j < K; ++j)
-            if (T* q = OUTP(a.partials, m * K + j)) store_lanes(q + first + c, r[m][1 + j], vec);
+            if (S* q = OUTP(a.partials, m * K + j)) store_lanes(q + first + c, r[m][1 + j], vec);
         }""",
     "values": """\
 #pragma unroll
@@ -115,7 +126,7 @@ TILE_STORES = {
     "gradient": """\
 #pragma unroll
         for (int j = 0; j < K; ++j)
-          if (T* q = OUTP(a.out, j)) store_lanes(q + first + c, r[j], vec);""",
+          if (S* q = OUTP(a.out, j)) store_lanes(q + first + c, r[j], vec);""",
 }
 
 # The general walk: one thread per output element, grid-stride. A call of rows long enough to fill a
@@ -127,7 +138,7 @@ namespace {{
 struct Args {{
   std::int64_t n, ndim, rowwise;
   std::uint64_t unit;                    // fast walk: bit k set where input k's last stride is 1 (else 0)
-  std::int64_t vec;                      // fast walk: 16-byte loads and stores (the host checked alignment)
+  std::int64_t vec;                      // fast walk: vector loads and stores (the host checked alignment)
   std::int64_t shape[MAXDIM];
   const void* in[NIN];
   std::int64_t in_strides[NIN][MAXDIM];  // in elements
@@ -191,7 +202,7 @@ __device__ void run(const Args& a) {{
 }}
 
 // ---- the fast walk (cuda_kernel.py's docstring) ----
-constexpr int W = 16 / static_cast<int>(sizeof(T));  // lanes per thread: one 16-byte vector
+constexpr int W = 16 / static_cast<int>(sizeof(T));  // lanes per thread: one 16-byte vector of T
 
 // The inputs are never written during a launch (the outputs are other tensors): read-only loads.
 __device__ __forceinline__ void load_lanes(const float* p, float (&x)[4], bool vec) {{
@@ -226,6 +237,43 @@ __device__ __forceinline__ void store_lanes(double* q, const double (&x)[2], boo
     q[0] = x[0]; q[1] = x[1];
   }}
 }}
+__device__ __forceinline__ float load_one(const float* p) {{ return __ldg(p); }}
+__device__ __forceinline__ double load_one(const double* p) {{ return __ldg(p); }}
+
+// 16-bit storage (half.hpp's bfloat16 and float16, H): W = 4 float lanes are 8 bytes, one uint2,
+// little-endian (element e in bits 16 * (e % 2) of word e / 2); each value becomes a float on load
+// and is rounded once on store by half.hpp's conversions, as in the general walk's T(...) and S(...).
+// Templates: a float or double kernel has no half.hpp and instantiates none of them.
+template <class H, std::enable_if_t<sizeof(H) == 2, int> = 0>
+__device__ __forceinline__ float load_one(const H* p) {{
+  return static_cast<float>(H::from_bits(__ldg(reinterpret_cast<const unsigned short*>(p))));
+}}
+template <class H, std::enable_if_t<sizeof(H) == 2, int> = 0>
+__device__ __forceinline__ void load_lanes(const H* p, float (&x)[4], bool vec) {{
+  unsigned short b[4];
+  if (vec) {{
+    const uint2 v = __ldg(reinterpret_cast<const uint2*>(p));
+    b[0] = static_cast<unsigned short>(v.x); b[1] = static_cast<unsigned short>(v.x >> 16);
+    b[2] = static_cast<unsigned short>(v.y); b[3] = static_cast<unsigned short>(v.y >> 16);
+  }} else {{
+#pragma unroll
+    for (int e = 0; e < 4; ++e) b[e] = __ldg(reinterpret_cast<const unsigned short*>(p + e));
+  }}
+#pragma unroll
+  for (int e = 0; e < 4; ++e) x[e] = static_cast<float>(H::from_bits(b[e]));
+}}
+template <class H, std::enable_if_t<sizeof(H) == 2, int> = 0>
+__device__ __forceinline__ void store_lanes(H* q, const float (&x)[4], bool vec) {{
+  unsigned b[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) b[e] = H(x[e]).bits;
+  if (vec) {{
+    *reinterpret_cast<uint2*>(q) = make_uint2(b[0] | b[1] << 16, b[2] | b[3] << 16);
+  }} else {{
+#pragma unroll
+    for (int e = 0; e < 4; ++e) q[e] = H::from_bits(static_cast<unsigned short>(b[e]));
+  }}
+}}
 
 template <class I>
 __device__ void run_fast(const Args& a) {{
@@ -236,15 +284,15 @@ __device__ void run_fast(const Args& a) {{
   const bool vec = a.vec != 0;
   const I step = static_cast<I>(gridDim.x) * blockDim.x * W;
   for (I row = blockIdx.y; row < rows; row += gridDim.y) {{
-    const T* p[NIN];  // each input at the row's first element
+    const S* p[NIN];  // each input at the row's first element
     T bc[NIN];        // an input broadcast along the row: its one value, read once per row
     {{
       std::int64_t base[NIN];
       row_base<I>(a, row, base);
 #pragma unroll
       for (int k = 0; k < NIN; ++k) {{
-        p[k] = static_cast<const T*>(a.in[k]) + base[k];
-        bc[k] = (unit >> k & 1) ? T(0) : __ldg(p[k]);
+        p[k] = static_cast<const S*>(a.in[k]) + base[k];
+        bc[k] = (unit >> k & 1) ? T(0) : load_one(p[k]);
       }}
     }}
     const I first = row * cols;  // the row's first output element
@@ -275,7 +323,7 @@ __device__ void run_fast(const Args& a) {{
         for (I e = c; e < cols; ++e) {{
           std::int64_t o[NIN];
           for (int k = 0; k < NIN; ++k)
-            o[k] = (p[k] - static_cast<const T*>(a.in[k])) + ((unit >> k & 1) ? static_cast<std::int64_t>(e) : 0);
+            o[k] = (p[k] - static_cast<const S*>(a.in[k])) + ((unit >> k & 1) ? static_cast<std::int64_t>(e) : 0);
           element<I>(a, o, first + e);
         }}
       }}

@@ -35,7 +35,7 @@ ABI_VERSION = 1
 MAX_DIFFERENTIATED = 16  # partials per dual number: the registers a GPU thread can hold
 MAX_DIMS = 8  # dimensions of a broadcast shape (as the C++ library's tensors)
 # dtype -> (storage type S, compute type T): 16-bit tensors are read into float and written back
-# rounded once, as the C++ library's broadcast does (half.hpp). CPU only so far (Spec.source).
+# rounded once, as the C++ library's broadcast does (half.hpp), on both targets.
 DTYPES = {"float32": ("float", "float"), "float64": ("double", "double"),
           "bfloat16": ("dualcast::bfloat16", "float"), "float16": ("dualcast::float16", "float")}
 HALF_DTYPES = ("bfloat16", "float16")
@@ -124,16 +124,13 @@ class Spec:
         return GradientSpec(self)
 
     def source(self, dtype, target="cpu"):
-        """The translation unit for dtype ('float32', 'float64'; on the CPU also 'bfloat16' and
-        'float16', stored in 16 bits and computed in float) and target ('cpu': the host compiler's,
-        entry dualcast_jit_run; 'cuda': NVRTC's, kernels dualcast_jit_kernel32/64 and
-        dualcast_jit_fast32: cuda_kernel.py)."""
+        """The translation unit for dtype ('float32', 'float64', 'bfloat16' or 'float16': the last
+        two stored in 16 bits and computed in float) and target ('cpu': the host compiler's, entry
+        dualcast_jit_run; 'cuda': NVRTC's, kernels dualcast_jit_kernel32/64 and dualcast_jit_fast32:
+        cuda_kernel.py)."""
         if dtype not in DTYPES:
             raise TypeError("dualcast.elementwise: dtype %s is not supported (float32, float64, bfloat16, "
                             "float16)" % dtype)
-        if dtype in HALF_DTYPES and target != "cpu":
-            raise TypeError("dualcast.elementwise: %s tensors on CUDA are not supported yet (float32 and "
-                            "float64 are; %s works on the CPU)" % (dtype, dtype))
         nin = len(self.inputs)
         fields = dict(
             S=DTYPES[dtype][0], T=DTYPES[dtype][1], K=max(self.k, 1), M=self.outputs, NIN=self.n_in, NOUT=self.n_out,

@@ -16,9 +16,9 @@ evaluates the body again and writes each differentiated input's gradient, sum_m 
 the bytes of two passes and nothing stored between them. With partials="store" the forward also
 writes the partials and the backward multiplies them by the incoming gradients with torch ops (for
 bodies too costly to evaluate twice). Either way a gradient is summed back to its input's shape. It
-is a torch.autograd.Function; float32 and float64, and on the CPU bfloat16 and float16 (read into
-float, computed in float, stored rounded once). On a GPU the kernels run on PyTorch's current stream
-and never synchronise.
+is a torch.autograd.Function; float32, float64, bfloat16 and float16 (the 16-bit types read into
+float, computed in float, stored rounded once), on the CPU and on CUDA GPUs. On a GPU the kernels
+run on PyTorch's current stream and never synchronise.
 """
 
 import functools
@@ -110,9 +110,6 @@ class Elementwise:
             else:
                 raise TypeError("%s: dtype %s is not supported yet (float32, float64, bfloat16, float16)"
                                 % (who, dtype))
-        if dtype in _HALF and device.type != "cpu":
-            raise TypeError("%s: %s tensors on %s are not supported yet (float32 and float64 are; %s works on "
-                            "the CPU)" % (who, dtype, device, dtype))
         shapes = [tuple(a.shape) if isinstance(a, torch.Tensor) else () for a in args]
         shape = _broadcast(shapes)
         if shape is None:

@@ -1,10 +1,11 @@
 """dualcast.cuda's compile half, which needs NVRTC but no GPU: the generated CUDA source of every kind
 of body compiles to a cubin for the H100/H200 (sm_90) with all three entry points (the fast walk:
-16-byte vectors or lane by lane, a row's tail element by element, rows with broadcast columns; the
-general walk with 32- and 64-bit indices: every path is in every cubin), the fast walk's PTX
-has the vector loads and stores and ptxas neither spills nor runs away with registers; cubins are
-cached on disk, and a body error names the user's line as on the CPU. Launching the kernels needs a
-GPU: test_torch.py, on the GPU machine."""
+vectors or lane by lane, a row's tail element by element, rows with broadcast columns; the general
+walk with 32- and 64-bit indices: every path is in every cubin), in float32, float64, bfloat16 and
+float16; the fast walk's PTX has the vector loads and stores (16 bytes; 8 for the 16-bit types, with
+their conversions) and ptxas neither spills nor runs away with registers; cubins are cached on
+disk, and a body error names the user's line as on the CPU. Launching the kernels needs a GPU:
+test_torch.py and test_torch_16_bit_gpu.py, on the GPU machine."""
 
 import ctypes
 import os
@@ -38,17 +39,31 @@ def is_cubin(blob):
     return blob[:4] == b"\x7fELF" and len(blob) > 1000 and all(e in blob for e in ENTRIES)
 
 
-def test_every_kind_of_body_compiles_to_a_cubin():
+def kinds():
+    """Every kind of kernel: bodies with one to three outputs, a branch, nothing differentiated, math
+    functions; each as the dual kernel, its gradient kernel (where something is differentiated) and
+    its values kernel."""
     specs = [jit.Spec(CELL, "z zb c f i g", "c f i g"),
              jit.Spec("return {a * b, sin(a) + exp(b)};", "a b", "a b", outputs=2),
              jit.Spec("return {a * b, a - c, T(2) * c};", "a b c", "a c", outputs=3),
              jit.Spec("if (x > y) return x * x * y; return 0;", "x y", "x"),
              jit.Spec("return x * y + 1;", "x y", ""),  # nothing differentiated: no gradient kernel
              jit.Spec("return pow(x, 3.0) + log1p(abs(x)) + erf(x) - sqrt(x * x + 1);", "x", "x")]
-    kinds = specs + [spec.gradient() for spec in specs if spec.k] + [spec.values() for spec in specs]
-    for spec in kinds:
+    return specs + [spec.gradient() for spec in specs if spec.k] + [spec.values() for spec in specs]
+
+
+def test_every_kind_of_body_compiles_to_a_cubin():
+    for spec in kinds():
         for dtype in ("float32", "float64"):
             assert is_cubin(cuda.compile_cubin(spec, dtype, ARCH)), (spec.body, dtype)
+
+
+def test_every_kind_of_body_compiles_to_a_cubin_in_16_bits():
+    # half.hpp's conversions under NVRTC (no __builtin_memcpy there) and the fast walk's 8-byte
+    # vectors, in every kind of kernel.
+    for spec in kinds():
+        for dtype in ("bfloat16", "float16"):
+            assert is_cubin(cuda.compile_cubin(spec, dtype, ARCH)), (spec.body, type(spec).__name__, dtype)
 
 
 def nvrtc_ptx(spec, dtype):
@@ -104,6 +119,28 @@ def test_the_fast_walk_moves_16_byte_vectors_and_fits_its_registers():
                 assert "ld.global.nc.%s" % v not in general and "st.global.%s" % v not in general
             regs, spill = ptxas_report(log, "dualcast_jit_fast32")
             assert regs <= 128 and spill == 0, (type(kernel).__name__, dtype, regs, spill)
+
+
+def test_the_16_bit_fast_walk_moves_8_byte_vectors_and_converts_in_registers():
+    # Workload a's kernels in bfloat16 and float16: each input read and each output (and stored
+    # partial) written with one 8-byte access of 4 lanes, each lane converted by one cvt (bfloat16 to
+    # float is a shift: its 16 bits are float's upper half), nothing in local memory, no spill.
+    spec = jit.Spec(CELL, "z zb c f i g", "c f i g")
+    cvt = {"bfloat16": ("", "cvt.rn.bf16.f32"), "float16": ("cvt.f32.f16", "cvt.rn.f16.f32")}
+    for kernel, nin, nout in ((spec.values(), 6, 1), (spec.gradient(), 7, 4), (spec, 6, 5)):
+        for dtype, (load_cvt, store_cvt) in cvt.items():
+            ptx, log = nvrtc_ptx(kernel, dtype)
+            fast = entry(ptx, "dualcast_jit_fast32")
+            what = (type(kernel).__name__, dtype)
+            assert fast.count("ld.global.nc.v2.u32") == nin and fast.count("st.global.v2.u32") == nout, what
+            assert "v4." not in fast and store_cvt in fast and load_cvt in fast, what
+            for bits in (32, 64):
+                general = entry(ptx, "dualcast_jit_kernel%d" % bits)
+                assert "v2.u32" not in general and store_cvt in general and load_cvt in general, what
+            assert ".local" not in ptx, what
+            for name in ENTRIES:
+                regs, spill = ptxas_report(log, name.decode())
+                assert regs <= 128 and spill == 0, what + (name, regs, spill)
 
 
 def test_a_cubin_comes_from_the_disk_cache_the_second_time():
@@ -206,7 +243,8 @@ def test_a_launch_picks_its_entry_point_grid_and_vectors_per_call():
     fake, saved = FakeDriver(), cuda._cuda
     cuda._cuda = fake
     try:
-        for kernel_spec, dtype in ((spec.values(), "float32"), (spec.gradient(), "float64")):
+        for kernel_spec, dtype in ((spec.values(), "float32"), (spec.gradient(), "float64"),
+                                   (spec.values(), "bfloat16"), (spec.gradient(), "float16")):
             k = cuda.CudaKernel(kernel_spec, dtype, 0)
             nin, nout = kernel_spec.n_in, kernel_spec.n_out
             w = cuda_kernel.lanes(k._itemsize)
@@ -231,6 +269,9 @@ def test_a_launch_picks_its_entry_point_grid_and_vectors_per_call():
             # The same call shape from a view starting at element 1: the plan is reused, vectors are not.
             name, _, a = launch([4, 8191], [[8191, 1], [0, 0]], offset=k._itemsize)
             assert name == "dualcast_jit_fast32" and a.vec == 0
+            # From 8 bytes in: a 16-bit type's vector boundary (element 4), not a 16-byte one.
+            name, _, a = launch([4, 8191], [[8191, 1], [0, 0]], offset=8)
+            assert name == "dualcast_jit_fast32" and a.vec == (k._itemsize == 2), (dtype, a.vec)
             # Rows with a broadcast column; the rows' strides and the grid over blockIdx.y.
             name, grid, a = launch([8192, 8192], [[8192, 1], [1, 0]])
             assert name == "dualcast_jit_fast32" and a.ndim == 2 and a.vec == 1, name

@@ -1,8 +1,8 @@
 """dualcast.cuda_kernel's host-side choices, which need neither a GPU nor NVRTC: which walk a call
 shape takes (fast or general, 32- or 64-bit indices, worked out symbolically up to 2^31 elements and
-past), when 16-byte vectors are allowed (odd lengths, views starting mid-vector, broadcast inputs,
-null partials), the grids, and that the ctypes Args matches the kernel's C++ struct byte for byte
-(compiled with the host compiler)."""
+past), when vectors are allowed (16 bytes, 8 for the 16-bit types: odd lengths, views starting
+mid-vector, broadcast inputs, null partials), the grids, and that the ctypes Args matches the
+kernel's C++ struct byte for byte (compiled with the host compiler)."""
 
 import os
 import re
@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 from dualcast import cuda_kernel as ck, jit  # noqa: E402
 
 SMS = 132  # an H100 / H200
-F32, F64 = 4, 8
+F32, F64, F16 = 4, 8, 2  # F16: bfloat16 and float16 alike
 BASE = 0x7F3A00000000  # an allocation (PyTorch's are 512-byte aligned)
 
 
@@ -25,7 +25,8 @@ def coalesced(shape, strides):
 
 
 def test_lanes_and_index_bits():
-    assert (ck.lanes(F32), ck.lanes(F64)) == (4, 2)
+    assert (ck.lanes(F32), ck.lanes(F64), ck.lanes(F16)) == (4, 2, 4)  # 16-bit: computed in float
+    assert (ck.vector_bytes(F32), ck.vector_bytes(F64), ck.vector_bytes(F16)) == (16, 16, 8)
     assert ck.index_bits(1) == 32
     assert ck.index_bits(2 ** 31 - 1) == 32
     assert ck.index_bits(2 ** 31) == 64
@@ -64,7 +65,7 @@ def test_32_bit_indices_never_wrap_in_the_fast_walk():
     # The kernel's c runs below cols < 2^31 and steps by gx * THREADS * W: its last value plus a step
     # and a vector must stay below 2^32 (unsigned), whatever the GPU's size.
     for sms in (1, SMS, 1000):
-        for itemsize in (F32, F64):
+        for itemsize in (F32, F64, F16):
             n = 2 ** 31 - 1
             p = ck.plan([n], [[1]], itemsize, sms)
             step = p.grid[0] * ck.THREADS * ck.lanes(itemsize)
@@ -133,6 +134,29 @@ def test_a_view_starting_mid_vector_reads_lane_by_lane():
     assert not ck.vector_ok(p, [BASE, BASE], [BASE], [])
 
 
+def test_16_bit_vectors_are_8_bytes_of_4_lanes():
+    # bfloat16 / float16 compute in float: 4 lanes per thread as float32 (the same tiles and short-
+    # row threshold), moved as one 8-byte uint2, so addresses need 8-byte alignment, not 16.
+    shape, strides = coalesced([4, 8191], [[8191, 1], [0, 0]])
+    p = ck.plan(shape, strides, F16, SMS)
+    assert p.walk == "fast" and p.vec_strides and p.vec_bytes == 8, p
+    assert p.grid == ck.plan(shape, strides, F32, SMS).grid, p
+    assert ck.vector_ok(p, [BASE, BASE + 2], [BASE], [])
+    assert not ck.vector_ok(p, [BASE + 2, BASE], [BASE], [])     # element 1
+    assert not ck.vector_ok(p, [BASE + 4, BASE], [BASE], [])     # element 2
+    assert ck.vector_ok(p, [BASE + 8, BASE], [BASE], [])         # element 4: a uint2 boundary...
+    assert not ck.vector_ok(ck.plan(shape, strides, F32, SMS), [BASE + 8, BASE], [BASE], [])  # ...not a float4's
+    assert not ck.vector_ok(p, [BASE, BASE], [BASE + 6], [])     # an output from element 3
+    assert not ck.vector_ok(p, [BASE, BASE], [BASE], [0, BASE + 2])  # a wanted partial from element 1
+    # Rows: whole vectors of 4 elements in every row and unit input, or vectors within one row only.
+    assert ck.plan([64, 2048], [[2048, 1], [1, 0]], F16, SMS).vec_strides
+    assert not ck.plan([37, 1030], [[1030, 1], [1, 0]], F16, SMS).vec_strides  # 1030 is no multiple of 4
+    assert not ck.plan([64, 2048], [[2050, 1], [2048, 1]], F16, SMS).vec_strides
+    # The short-row threshold is float32's (half a tile of 4 lanes).
+    assert ck.plan([1000, 512], [[512, 1], [1, 0]], F16, SMS).walk == "fast"
+    assert ck.plan([1000, 300], [[300, 1], [1, 0]], F16, SMS).walk == "rowwise"
+
+
 def test_what_stays_on_the_general_walk():
     # A last stride other than 0 or 1 (a transposed or sliced input).
     p = ck.plan([4096], [[2], [1]], F32, SMS)
@@ -177,7 +201,7 @@ def test_the_fast_grid_is_one_wave_of_resident_blocks():
 def test_grids_stay_within_the_hardware_limits():
     for shape in ([10 ** 9], [10 ** 6, 1024], [3, 2 ** 20], [70000, 600], [2, 70000, 600]):
         strides = [[0] * (len(shape) - 1) + [1]]
-        for itemsize in (F32, F64):
+        for itemsize in (F32, F64, F16):
             p = ck.plan(shape, strides, itemsize, SMS)
             gx, gy = p.grid
             assert 1 <= gx <= SMS * ck.FAST_BLOCKS_PER_SM and 1 <= gy <= 65535, (shape, p)

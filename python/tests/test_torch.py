@@ -294,19 +294,6 @@ def test_gpu_equals_cpu_values_and_gradients():
                         torch.testing.assert_close(y.grad.cpu(), x.grad, rtol=tol, atol=tol)
 
 
-def test_16_bit_tensors_on_a_gpu_are_a_clear_error_for_now():
-    needs_cuda()
-    f = elementwise("return a * b;", inputs="a b", differentiable="a")
-    x = torch.ones(3, dtype=torch.bfloat16, device="cuda")
-    try:
-        f(x, x)
-    except TypeError as e:
-        assert "bfloat16" in str(e) and "not supported yet" in str(e) and "CPU" in str(e), str(e)
-    else:
-        raise AssertionError("a bfloat16 call on CUDA did not raise")
-    assert f(x.float(), x.float()).tolist() == [1.0, 1.0, 1.0]  # the function still works afterwards
-
-
 def test_gpu_equals_cpu_on_long_rows_of_three_dimensional_broadcasts():
     # Rows of at least half a block take the GPU kernel's rowwise walk (offsets per row, then the
     # last stride per element); 3-D broadcasts keep three dimensions after coalescing.
