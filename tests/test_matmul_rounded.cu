@@ -1,9 +1,10 @@
 // test_matmul_rounded.cu: matmul_rounded (ops/linalg.hpp), the product Autocast computes with its
 // float32 sums kept. Values against a double triple loop over the operands rounded to 16 bits, for
 // every transpose combination, both 16-bit types, float32 and 16-bit operands, odd sizes; on CUDA
-// the skinny split-K kernel and cuBLAS each against that reference (forced one way, then the other),
-// at the HM-LSTM's shapes too, and the kernel bit for bit the same over repeated launches; argument
-// errors that name the op and shapes, after which the op still works.
+// the skinny split-K kernel and cuBLAS each against that reference (forced one way, then the
+// other), at every copy width of the kernel and at the HM-LSTM's shapes too, and the kernel bit for
+// bit the same over repeated launches; argument errors that name the op and shapes, after which the
+// op still works.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -92,6 +93,17 @@ TEST_P(MatmulRounded, SkinnyKernelAndCublasEachMatchTheReference) {
     for (const auto& [m, k, n] : {std::tuple{1, 3, 1}, {17, 1, 65}, {33, 129, 200}, {64, 777, 131}})
       check_all(m, k, n, what);
   }
+}
+
+TEST_P(MatmulRounded, SkinnyKernelMatchesTheReferenceAtEveryCopyWidth) {
+  if (!dev().is_cuda()) GTEST_SKIP() << "the CUDA kernel's copies";
+  detail::force_skinny(1);
+  // The kernel copies each operand's rows in the widest chunks their pitch allows. k = 256: 16 bytes
+  // for every operand; k = n = 132: 16 for a float32 A, 8 for 16-bit rows; 130: 8 and 4; n = 131: a
+  // 16-bit B [k, n] at an odd pitch (no cp.async). k = 2600 over 8 slices is 7 steps per slice,
+  // more than the ring's 4 stages, and m = 31 leaves two of the four warps without rows.
+  for (const auto& [m, k, n] : {std::tuple{64, 256, 64}, {48, 132, 132}, {64, 130, 130}, {31, 2600, 131}})
+    check_all(m, k, n, "skinny kernel");
 }
 
 TEST_P(MatmulRounded, HmLstmGateShapesMatchTheReferenceOnBothPaths) {

@@ -26,7 +26,6 @@
 #include "dualcast/ops/elementwise.hpp"
 #include "dualcast/ops/linalg.hpp"
 #include "dualcast/ops/loss.hpp"
-#include "dualcast/precision.hpp"
 #include "dualcast/ops/reduce.hpp"
 #include "dualcast/ops/shape.hpp"
 #include "dualcast/precision.hpp"

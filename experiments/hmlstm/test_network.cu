@@ -517,21 +517,25 @@ TEST(Network, BadTokensAndConfigsAreErrors) {
 // ---- (e) whole-step capture ------------------------------------------
 
 // One SGD step recorded in a Graph and replayed equals the eager step: loss, every gradient and every
-// updated parameter (the same kernels in the same order: identical).
+// updated parameter (the same kernels in the same order: identical). Under bf16 Autocast too: there
+// each product shape takes the path chosen (and timed) in the eager step, and the skinny kernel's
+// clusters record into a graph.
 TEST_P(NetworkTest, CapturedTrainingStepEqualsTheEagerStep) {
   const Device d = GetParam();
   DUALCAST_SKIP_IF_UNAVAILABLE(d);
-  for (CellMode mode : {CellMode::mixed, CellMode::reverse}) {
-    NetworkConfig cfg = tiny(d, DType::float32, mode);
-    cfg.hidden = 24;
-    cfg.batch = 8;
-    cfg.seq = 12;
-    const CaptureComparison cc = compare_capture(cfg, random_tokens(cfg.seq, cfg.batch, cfg.vocab, 41));
-    EXPECT_TRUE(cc.ok) << cc.message;  // <= 1e-6
-    if (d.is_cpu()) EXPECT_TRUE(cc.bitwise) << cc.message;
-    std::printf("[ capture ] %s\n", cc.message.c_str());
-    if (d.is_cuda()) EXPECT_GT(cc.graph_nodes, 100u) << cc.message;
-  }
+  for (DType autocast : {DType::float32, DType::bfloat16})
+    for (CellMode mode : {CellMode::mixed, CellMode::reverse}) {
+      NetworkConfig cfg = tiny(d, DType::float32, mode);
+      cfg.hidden = 24;
+      cfg.batch = 8;
+      cfg.seq = 12;
+      cfg.autocast = autocast;
+      const CaptureComparison cc = compare_capture(cfg, random_tokens(cfg.seq, cfg.batch, cfg.vocab, 41));
+      EXPECT_TRUE(cc.ok) << dtype_name(autocast) << " " << cc.message;  // <= 1e-6
+      if (d.is_cpu()) EXPECT_TRUE(cc.bitwise) << cc.message;
+      std::printf("[ capture ] autocast %s: %s\n", dtype_name(autocast), cc.message.c_str());
+      if (d.is_cuda()) EXPECT_GT(cc.graph_nodes, 100u) << cc.message;
+    }
 }
 
 // Replays of the captured step: several steps feeding new tokens equal the eager steps, the slope
