@@ -13,3 +13,15 @@ def skip_module(reason):
     except ImportError:
         raise Skip(reason) from None
     pytest.skip(reason, allow_module_level=True)
+
+
+def import_torch(cuda=False):
+    """PyTorch for a test module, or the module skipped: without PyTorch, or (cuda=True) without a
+    CUDA device."""
+    try:
+        import torch
+    except ImportError:
+        skip_module("PyTorch is not installed (python3 -c 'import torch' fails)")
+    if cuda and not torch.cuda.is_available():
+        skip_module("no CUDA device")
+    return torch

@@ -9,12 +9,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
 
-from skip import skip_module  # noqa: E402
+from skip import import_torch  # noqa: E402
 
-try:
-    import torch
-except ImportError:
-    skip_module("PyTorch is not installed (python3 -c 'import torch' fails)")
+torch = import_torch()
 
 from dualcast.torch import elementwise  # noqa: E402
 

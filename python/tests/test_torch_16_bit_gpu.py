@@ -16,14 +16,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
 
-from skip import skip_module  # noqa: E402
+from skip import import_torch  # noqa: E402
 
-try:
-    import torch
-except ImportError:
-    skip_module("PyTorch is not installed (python3 -c 'import torch' fails)")
-if not torch.cuda.is_available():
-    skip_module("no CUDA device")
+torch = import_torch(cuda=True)
 
 from dualcast import cuda, cuda_kernel, jit  # noqa: E402
 from dualcast.torch import elementwise  # noqa: E402
