@@ -13,6 +13,7 @@
 #include <math.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -187,7 +188,7 @@ void run_softmax(Device dev, const SoftmaxArgs<T>& a, bool backward) {
 /// A checked call: sizes, the mask (converted and kept alive) and the implementation to run.
 struct Plan {
   Dims dims;
-  Tensor mask;  ///< contiguous, uint8 or q's dtype; undefined without a mask
+  Tensor mask;  ///< contiguous, uint8 or q's dtype (float32 for 16-bit q); undefined without a mask
   MaskView view;
   AttentionImpl impl = AttentionImpl::composed;
 };
@@ -198,7 +199,8 @@ Plan make_plan(const Tensor& q, const Tensor& k, const Tensor& v, const Attentio
   check_defined(k, op, "k");
   check_defined(v, op, "v");
   DUALCAST_CHECK(is_floating(q.dtype()), op, ": argument 'q' has unsupported dtype ",
-                 dtype_name(q.dtype()), " (shape ", q.shape().str(), "; expected float32 or float64)");
+                 dtype_name(q.dtype()), " (shape ", q.shape().str(),
+                 "; expected float32, float64, bfloat16 or float16)");
   check_same_device_dtype(op, "q", q, "k", k);
   check_same_device_dtype(op, "q", q, "v", v);
   const auto rank4 = [&](const Tensor& t, const char* name) {
@@ -246,7 +248,8 @@ Plan make_plan(const Tensor& q, const Tensor& k, const Tensor& v, const Attentio
       p.mask = detail::contiguous_copy(m);
       p.view.kind = MaskKind::boolean;
     } else {
-      p.mask = detail::contiguous_copy(m.to(q.dtype()));
+      // The tensor-core kernels (16-bit q) read an additive mask in float32.
+      p.mask = detail::contiguous_copy(m.to(is_half(q.dtype()) ? DType::float32 : q.dtype()));
       p.view.kind = MaskKind::additive;
     }
     p.view.data = p.mask.raw_data();
@@ -262,7 +265,7 @@ Plan make_plan(const Tensor& q, const Tensor& k, const Tensor& v, const Attentio
     p.view.sj = st[3];
   }
 
-  const bool fused_ok = fused_supported(q.device(), d);
+  const bool fused_ok = is_half(q.dtype()) ? tensor_core_supported(q.device(), d) : fused_supported(q.device(), d);
   switch (opt.impl) {
     case AttentionImpl::composed: p.impl = AttentionImpl::composed; break;
     case AttentionImpl::fused:
@@ -354,15 +357,25 @@ struct FusedResult {
   Tensor q, k, v, o, lse;
 };
 
+/// A contiguous copy whose data is 16-byte aligned (a view into a larger tensor may not be), as the
+/// kernels' vector loads want; t itself when it already is.
+Tensor aligned_contiguous(const Tensor& t) {
+  Tensor c = detail::contiguous_copy(t);
+  if (reinterpret_cast<std::uintptr_t>(c.raw_data()) % 16 != 0) c = c.clone();
+  return c;
+}
+
 FusedResult fused(const Plan& p, const Tensor& q, const Tensor& k, const Tensor& v) {
   FusedResult r;
-  r.q = detail::contiguous_copy(q);
-  r.k = detail::contiguous_copy(k);
-  r.v = detail::contiguous_copy(v);
+  const bool half = is_half(q.dtype());
+  r.q = half ? aligned_contiguous(q) : detail::contiguous_copy(q);
+  r.k = half ? aligned_contiguous(k) : detail::contiguous_copy(k);
+  r.v = half ? aligned_contiguous(v) : detail::contiguous_copy(v);
   const Dims& d = p.dims;
   r.o = Tensor::empty(Shape{d.B, d.H, d.Sq, d.Dv}, q.dtype(), q.device());
-  r.lse = Tensor::empty(Shape{d.B, d.H, d.Sq}, q.dtype(), q.device());
-  fused_forward(d, p.view, r.q, r.k, r.v, r.o, r.lse);
+  r.lse = Tensor::empty(Shape{d.B, d.H, d.Sq}, half ? DType::float32 : q.dtype(), q.device());
+  if (half) tensor_core_forward(d, p.view, r.q, r.k, r.v, r.o, r.lse);
+  else fused_forward(d, p.view, r.q, r.k, r.v, r.o, r.lse);
   return r;
 }
 
@@ -376,9 +389,14 @@ class FusedAttentionNode final : public Node {
   }
   void backward(const std::vector<Tensor>& grad_outputs) override {
     if (!grad_outputs[0].defined()) return;
-    const Tensor g = detail::contiguous_copy(grad_outputs[0]);
     Tensor dq, dk, dv;
-    fused_backward(plan_.dims, plan_.view, s_.q, s_.k, s_.v, s_.o, s_.lse, g, dq, dk, dv);
+    if (is_half(s_.q.dtype())) {
+      const Tensor g = aligned_contiguous(grad_outputs[0]);
+      tensor_core_backward(plan_.dims, plan_.view, s_.q, s_.k, s_.v, s_.o, s_.lse, g, dq, dk, dv);
+    } else {
+      const Tensor g = detail::contiguous_copy(grad_outputs[0]);
+      fused_backward(plan_.dims, plan_.view, s_.q, s_.k, s_.v, s_.o, s_.lse, g, dq, dk, dv);
+    }
     if (inputs[0]) detail::accumulate_grad(*inputs[0], std::move(dq), /*owned=*/true);
     if (inputs[1]) detail::accumulate_grad(*inputs[1], std::move(dk), /*owned=*/true);
     if (inputs[2]) detail::accumulate_grad(*inputs[2], std::move(dv), /*owned=*/true);
@@ -394,28 +412,47 @@ class FusedAttentionNode final : public Node {
 
 namespace ad = attention_detail;
 
-// Both entry points: attention is never autocast (the composed path's matmuls included), and 16-bit
-// q, k, v run on float32 copies (ops/attention.hpp); the float32 call checks everything else.
+// Both entry points first choose the dtype the attention runs in (run_dtype): 16-bit q, k, v run as
+// they are on the tensor-core kernels where those apply, else on float32 copies; float32 inputs run
+// in the autocast dtype inside an Autocast where the tensor-core kernels apply, else as they are.
+// The composed path and the CPU never autocast (their matmuls run with autocasting off).
 namespace attention_detail {
 namespace {
-bool run_in_float32(const Tensor& q, const Tensor& k, const Tensor& v) {
+/// Whether the tensor-core kernels take q, k, v (of any dtype: the shapes and options only; the full
+/// argument checks come in make_plan).
+bool tensor_core_path(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opt) {
+  if (opt.impl == AttentionImpl::composed || !k.defined() || !v.defined()) return false;
+  if (q.rank() != 4 || k.rank() != 4 || v.rank() != 4) return false;
+  Dims d;
+  d.D = q.shape()[3];
+  d.Dv = v.shape()[3];
+  return k.shape()[3] == d.D && tensor_core_supported(q.device(), d);
+}
+
+DType run_dtype(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opt) {
   const char* op = "scaled_dot_product_attention";
   check_defined(q, op, "q");
-  if (!is_half(q.dtype())) return false;
-  check_same_device_dtype(op, "q", q, "k", k);
-  check_same_device_dtype(op, "q", q, "v", v);
-  return true;
+  if (is_half(q.dtype())) {
+    check_same_device_dtype(op, "q", q, "k", k);
+    check_same_device_dtype(op, "q", q, "v", v);
+    return tensor_core_path(q, k, v, opt) ? q.dtype() : DType::float32;
+  }
+  if (q.dtype() == DType::float32 && autocast_enabled() && k.defined() && v.defined() &&
+      k.dtype() == DType::float32 && v.dtype() == DType::float32 && tensor_core_path(q, k, v, opt))
+    return autocast_dtype();
+  return q.dtype();
 }
 }  // namespace
 }  // namespace attention_detail
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const AttentionOptions& options) {
+  const DType run = ad::run_dtype(q, k, v, options);
   const Autocast no_autocast(DType::bfloat16, /*enabled=*/false);
-  if (ad::run_in_float32(q, k, v))
-    return scaled_dot_product_attention(q.to(DType::float32), k.to(DType::float32),
-                                        v.to(DType::float32), options)
-        .to(q.dtype());
+  if (run != q.dtype()) {
+    const Tensor o = scaled_dot_product_attention(q.to(run), k.to(run), v.to(run), options);
+    return run == DType::float32 ? o.to(q.dtype()) : o;  // 16-bit inputs on float32 copies: rounded back
+  }
   const ad::Plan p = ad::make_plan(q, k, v, options);
   if (p.impl == AttentionImpl::fused) return ad::fused(p, q, k, v).o;
   return ad::composed(p, q, k, v);
@@ -426,11 +463,12 @@ Var scaled_dot_product_attention(const Var& q, const Var& k, const Var& v,
   DUALCAST_CHECK(q.defined() && k.defined() && v.defined(),
                  "scaled_dot_product_attention: argument '", !q.defined() ? "q" : (!k.defined() ? "k" : "v"),
                  "' is an undefined Var");
+  const DType run = ad::run_dtype(q.value(), k.value(), v.value(), options);
   const Autocast no_autocast(DType::bfloat16, /*enabled=*/false);
-  if (ad::run_in_float32(q.value(), k.value(), v.value()))
-    return cast(scaled_dot_product_attention(cast(q, DType::float32), cast(k, DType::float32),
-                                             cast(v, DType::float32), options),
-                q.dtype());
+  if (run != q.dtype()) {
+    const Var o = scaled_dot_product_attention(cast(q, run), cast(k, run), cast(v, run), options);
+    return run == DType::float32 ? cast(o, q.dtype()) : o;
+  }
   ad::Plan p = ad::make_plan(q.value(), k.value(), v.value(), options);
   if (p.impl == AttentionImpl::composed) return ad::composed(p, q, k, v);
   ad::FusedResult r = ad::fused(p, q.value(), k.value(), v.value());
@@ -442,6 +480,9 @@ Var scaled_dot_product_attention(const Var& q, const Var& k, const Var& v,
 
 AttentionImpl attention_impl_for(const Tensor& q, const Tensor& k, const Tensor& v,
                                  const AttentionOptions& options) {
+  const DType run = ad::run_dtype(q, k, v, options);
+  const Autocast no_autocast(DType::bfloat16, /*enabled=*/false);
+  if (run != q.dtype()) return ad::make_plan(q.to(run), k.to(run), v.to(run), options).impl;
   return ad::make_plan(q, k, v, options).impl;
 }
 

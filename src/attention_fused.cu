@@ -44,11 +44,8 @@
 #include "dualcast/error.hpp"
 
 #if defined(__CUDACC__)
-#include <cuda_runtime.h>
-
 #include "attention_kernels.cuh"
-#include "dualcast/stream.hpp"
-#include "per_device.hpp"
+#include "attention_launch.cuh"
 #endif
 
 namespace dualcast::attention_detail {
@@ -87,16 +84,6 @@ struct Config {
   static constexpr int TK = kFloat ? (D_PAD <= 64 ? 4 : 2) : (D_PAD <= 64 ? 2 : 1);
 };
 
-/// Raises kernel's dynamic shared-memory limit once per device (needed above 48 KB).
-template <auto kernel>
-void allow_smem(Device dev, int bytes) {
-  static detail::PerDevice<bool> raised;
-  raised.get(dev, "scaled_dot_product_attention", [&] {
-    DUALCAST_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-    return true;
-  });
-}
-
 /// The fields FwdParams and BwdParams share: inputs, sizes, mask and the log2-domain constants.
 template <class T, template <class> class Params>
 void set_common(Params<T>& p, const Dims& d, const MaskView& mask, const Tensor& q, const Tensor& k,
@@ -114,15 +101,6 @@ void set_common(Params<T>& p, const Dims& d, const MaskView& mask, const Tensor&
   p.causal = d.causal;
   p.smul = static_cast<T>(d.scale * kLog2e);
   p.mask_mul = static_cast<T>(kLog2e);
-}
-
-/// Launches `blocks` blocks of kThreads (one per (head, tile)) with `smem` bytes of shared memory.
-template <class Kernel, class Params>
-void launch_blocks(Kernel kernel, std::int64_t blocks, int smem, Device dev, const Params& p) {
-  DUALCAST_CHECK(blocks < (std::int64_t(1) << 31), "scaled_dot_product_attention: ", blocks,
-                 " blocks exceed the grid limit");
-  kernel<<<static_cast<unsigned>(blocks), kThreads, smem, detail::stream(dev)>>>(p);
-  DUALCAST_CUDA_CHECK_LAUNCH();
 }
 
 template <class T, int D_PAD, int TM>

@@ -35,6 +35,20 @@ inline constexpr double kLog2e = 1.44269504088896340736;
 /// dtype checks happen earlier.
 bool fused_supported(Device device, const Dims& dims);
 
+/// Whether the tensor-core kernels (attention_tensor_core.cu; 16-bit q, k, v) take these sizes on this
+/// device: CUDA, D == Dv, D a multiple of 8 up to 128.
+bool tensor_core_supported(Device device, const Dims& dims);
+
+/// Tensor-core forward of 16-bit q, k, v (contiguous, 16-byte aligned): o [B, H, Sq, D] in their dtype,
+/// lse [B, H, Sq] in float32 (log2 domain, as fused_forward's). An additive mask is float32.
+void tensor_core_forward(const Dims& dims, const MaskView& mask, const Tensor& q, const Tensor& k,
+                         const Tensor& v, Tensor& o, Tensor& lse);
+
+/// Tensor-core backward: dq, dk, dv (allocated here, in q's dtype) from the saved tensors.
+void tensor_core_backward(const Dims& dims, const MaskView& mask, const Tensor& q, const Tensor& k,
+                          const Tensor& v, const Tensor& o, const Tensor& lse, const Tensor& do_,
+                          Tensor& dq, Tensor& dk, Tensor& dv);
+
 /// Fused forward: o [B, H, Sq, D] and lse [B, H, Sq] (log2 domain: log2 sum_j 2^(s2_ij), s2 the
 /// scaled, masked scores times log2(e); -inf for a fully masked row). All tensors contiguous, of
 /// q's dtype, on its device.

@@ -16,6 +16,7 @@
 #include "common/cli.hpp"
 #include "common/gpu_timing.hpp"
 #include "common/json.hpp"
+#include "common/precision.hpp"
 #include "common/report.hpp"
 #include "common/text.hpp"
 #include "driver_util.hpp"
@@ -41,7 +42,7 @@ using transformer::driver::split_csv;
 
 constexpr const char* kUsage = R"(usage: attention_bench [options]
 
-scaled_dot_product_attention forward and forward+backward (float32, [batch, heads, seq, head_dim]):
+scaled_dot_product_attention forward and forward+backward ([batch, heads, seq, head_dim]):
 dualcast's fused kernels vs its composed version (matmul, masked softmax, matmul) vs PyTorch's
 torch.nn.functional.scaled_dot_product_attention, validated first, timed with CUDA events.
 
@@ -52,6 +53,9 @@ Options:
   --tokens N               batch = max(1, tokens / seq) (GPU default 32768, CPU 256)
   --causal LIST            0 (no mask), 1 (causal) or both (default 0,1)
   --reps N --warmup N      timed and untimed repetitions (GPU default 30 and 5; CPU 3 and 1)
+  --precision fp32|bf16|fp16  the dtype of q, k, v (default fp32: float32, SIMT kernels, no TF32;
+                           bf16/fp16: 16-bit tensors on the tensor-core kernels, and PyTorch's SDPA
+                           on the same dtype); tf32 is fp32 here (attention has no TF32 mode)
   --fwd-tm LIST            float32 head_dim-64 forward tile heights to time: 0 (the library's
                            choice, recorded as dualcast_fused), 4 (64 query rows per block,
                            dualcast_fused_tm4) and/or 8 (128 rows, dualcast_fused_tm8) (default 0)
@@ -71,6 +75,7 @@ struct Options {
   std::vector<long long> causal{0, 1};
   int reps = -1, warmup = -1;
   std::vector<long long> fwd_tm{0};
+  dcexp::Precision precision = dcexp::Precision::fp32;
   bool peers = false;
   std::string python;
   std::string out = "results/attention";
@@ -103,7 +108,8 @@ Options parse(int argc, char** argv) {
       o.fwd_tm = list(a, args.value(), true);
       for (long long t : o.fwd_tm)
         if (t != 0 && t != 4 && t != 8) throw dcexp::cli::UsageError("--fwd-tm: entries are 0, 4 or 8");
-    } else if (a == "--reps") o.reps = static_cast<int>(positive(a, args.value()));
+    } else if (a == "--precision") o.precision = dcexp::cli::parse_precision(args.value());
+    else if (a == "--reps") o.reps = static_cast<int>(positive(a, args.value()));
     else if (a == "--warmup") o.warmup = static_cast<int>(positive(a, args.value(), true));
     else if (a == "--peers") {
       args.no_value();
@@ -113,6 +119,19 @@ Options parse(int argc, char** argv) {
     else throw dcexp::cli::UsageError("unknown option " + a + " (see --help)");
   }
   return o;
+}
+
+/// The dtype of q, k, v at a precision (attention has no TF32 mode: tf32 runs float32).
+dualcast::DType input_dtype(dcexp::Precision p) {
+  return dcexp::is_autocast(p) ? dcexp::autocast_dtype(p) : dualcast::DType::float32;
+}
+
+/// Largest fused-vs-composed difference accepted before timing (ErrorScale::largest). float32: the
+/// same sums in another order. 16-bit: the tensor-core kernels round P and dS to 16 bits, the
+/// composed path runs on float32 copies and rounds once (test_attention_tensor_core.cu's tolerances
+/// against float64, twice over).
+double validation_tol(dualcast::DType dt) {
+  return dt == dualcast::DType::bfloat16 ? 4e-2 : (dt == dualcast::DType::float16 ? 5e-3 : 1e-4);
 }
 
 struct Grads {
@@ -152,9 +171,11 @@ int run(const Options& o) {
   const int reps = o.reps > 0 ? o.reps : (gpu ? 30 : 3);
   const int warmup = o.warmup >= 0 ? o.warmup : (gpu ? 5 : 1);
   const std::int64_t H = o.heads, D = o.head_dim;
+  const dualcast::DType dt = input_dtype(o.precision);
+  const char* prec = dcexp::precision_name(o.precision == dcexp::Precision::tf32 ? dcexp::Precision::fp32 : o.precision);
   std::filesystem::create_directories(o.out);
   std::cerr << "attention_bench on " << dualcast::device_name(dev) << ": heads " << H << ", head_dim " << D
-            << ", " << tokens << " tokens per batch, float32\n";
+            << ", " << tokens << " tokens per batch, " << dualcast::dtype_name(dt) << "\n";
 
   json root = json::object(), meta = json::object();
   meta["time"] = dcexp::iso_time();
@@ -163,6 +184,8 @@ int run(const Options& o) {
   meta["head_dim"] = static_cast<int>(D);
   meta["tokens"] = tokens;
   meta["reps"] = reps;
+  meta["precision"] = prec;
+  meta["dtype"] = dualcast::dtype_name(dt);
   meta["flops"] = "fwd 4 B H S^2 D, fwd+bwd 14 B H S^2 D (FlashAttention's count), halved when causal";
   root["meta"] = meta;
   json records = json::array();
@@ -181,8 +204,8 @@ int run(const Options& o) {
       AttentionOptions opt;
       opt.causal = causal != 0;
       const Shape shape{B, H, S, D};
-      const Tensor q = Tensor::randn(shape, dev, 1), k = Tensor::randn(shape, dev, 2), v = Tensor::randn(shape, dev, 3);
-      const Tensor g = Tensor::randn(shape, dev, 4);
+      const Tensor q = Tensor::randn(shape, dev, 1, dt), k = Tensor::randn(shape, dev, 2, dt);
+      const Tensor v = Tensor::randn(shape, dev, 3, dt), g = Tensor::randn(shape, dev, 4, dt);
       const double flops_fwd = 4.0 * B * H * static_cast<double>(S) * S * D * (causal ? 0.5 : 1.0);
       const std::string tag = "S=" + std::to_string(S) + (causal ? " causal" : "") + " B=" + std::to_string(B);
 
@@ -201,7 +224,7 @@ int run(const Options& o) {
         val_err = std::max({array_error(f.out, c.out, largest), array_error(f.dq, c.dq, largest),
                             array_error(f.dk, c.dk, largest), array_error(f.dv, c.dv, largest)});
         std::cerr << "[validate] " << tag << ": fused vs composed max rel err " << fmt("%.2e", val_err) << "\n";
-        if (!(val_err <= 1e-4)) {
+        if (!(val_err <= validation_tol(dt))) {
           std::cerr << "attention_bench: validation failed at " << tag << "\n";
           return 4;
         }
@@ -219,7 +242,8 @@ int run(const Options& o) {
         const char* fwd_tm;  // DUALCAST_ATTENTION_FWD_TM while it runs (attention_fused.cu); null: unset
       };
       std::vector<Variant> variants;
-      if (gpu)
+      if (gpu && dt != dualcast::DType::float32) variants.push_back({"dualcast_fused", AttentionImpl::fused, nullptr});
+      else if (gpu)
         for (long long tm : o.fwd_tm)
           variants.push_back(tm == 0   ? Variant{"dualcast_fused", AttentionImpl::fused, nullptr}
                              : tm == 4 ? Variant{"dualcast_fused_tm4", AttentionImpl::fused, "4"}
@@ -232,7 +256,8 @@ int run(const Options& o) {
         AttentionOptions oi = opt;
         oi.impl = impl;
         if (gpu && impl == AttentionImpl::composed) {
-          // The composed backward holds about four B x H x S x S float32 matrices at once.
+          // The composed backward holds about four B x H x S x S float32 matrices at once (16-bit
+          // inputs run it on float32 copies).
           const double need = 4.0 * B * H * static_cast<double>(S) * S * 4.0 + (1 << 30);
 #if defined(__CUDACC__)
           if (need > static_cast<double>(dcexp::cuda_mem_info().first)) {
@@ -273,6 +298,7 @@ int run(const Options& o) {
           r["batch"] = B;
           r["method"] = var.name;
           r["phase"] = phase;
+          r["precision"] = prec;
           r["median_ms"] = s.median;
           r["p10_ms"] = s.p10;
           r["p90_ms"] = s.p90;
@@ -296,7 +322,7 @@ int run(const Options& o) {
     const std::string args = "attention --valdir " + transformer::driver::shell_quote(valdir) + " --seqs " + seq_list +
                              " --heads " + std::to_string(H) + " --head-dim " + std::to_string(D) + " --tokens " +
                              std::to_string(tokens) + " --causal " + causal_list + " --reps " + std::to_string(reps) +
-                             " --warmup " + std::to_string(warmup) + (gpu ? "" : " --allow-cpu");
+                             " --warmup " + std::to_string(warmup) + " --precision " + prec + (gpu ? "" : " --allow-cpu");
     const json peer = transformer::driver::run_peer(o.python, args, o.out + "/peer_attention.json");
     root["peers_raw"] = peer;
     if (const json& recs = dcexp::member(peer, "records"); recs.is_array())
@@ -323,7 +349,7 @@ int run(const Options& o) {
       csv << num(r, "seq") << "," << num(r, "causal") << "," << num(r, "batch") << "," << str(r, "method") << ","
           << str(r, "phase") << "," << num(r, "median_ms") << "," << num(r, "p10_ms") << "," << num(r, "p90_ms")
           << "," << num(r, "tflops") << "," << (dcexp::bool_or(dcexp::member(r, "validated")) ? 1 : 0) << "\n";
-  std::cout << "\nattention forward+backward, float32, " << H << " heads, head_dim " << D << ", " << tokens
+  std::cout << "\nattention forward+backward, " << dualcast::dtype_name(dt) << ", " << H << " heads, head_dim " << D << ", " << tokens
             << " tokens per batch, " << meta.at("device").get<std::string>() << " (median ms; TFLOP/s of fused)\n";
   std::cout << "  seq causal  batch      fused   composed      torch  fused-TF/s  composed/fused  torch/fused\n";
   for (long long S : seqs)

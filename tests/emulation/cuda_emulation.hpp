@@ -12,6 +12,11 @@
 // cannot show: timing, occupancy, register pressure, and races that the host's scheduling happens
 // not to expose. 16-byte vector accesses at addresses that are not 16-byte aligned (a fault on the
 // GPU, harmless on x86) are counted in emu::misaligned.
+// The tensor-core kernels' two warp-collective instructions are emulated from the PTX ISA's
+// fragment layouts: ldmatrix (.x4, plain and .trans; every row address must lie in the block's
+// shared memory, else emu::out_of_smem counts it) and mma.sync m16n8k16 (bf16/fp16 operands, float
+// sums). Each lane posts its operands to a per-warp exchange between two warp barriers, so, as on
+// the GPU, all 32 lanes must take part.
 #pragma once
 #include <atomic>
 #include <barrier>
@@ -21,6 +26,8 @@
 #include <memory>
 #include <thread>
 #include <vector>
+
+#include "dualcast/half.hpp"
 
 #define __device__
 #define __global__
@@ -40,12 +47,17 @@ struct Block {
   std::unique_ptr<std::barrier<>> bar;
   std::unique_ptr<std::barrier<>> warp_bar[8];
   double shfl[8][32];
+  std::uintptr_t xaddr[8][32];   // ldmatrix row addresses
+  std::uint32_t xa[8][32][4];    // mma A fragments
+  std::uint32_t xb[8][32][2];    // mma B fragments
   unsigned char* smem = nullptr;
+  std::size_t smem_bytes = 0;
 };
 inline thread_local Block* blk = nullptr;
 inline thread_local EmuDim3 tid, bid;
 inline EmuDim3 grid;
 inline std::atomic<long> misaligned{0};  ///< 16-byte vector accesses at unaligned addresses
+inline std::atomic<long> out_of_smem{0};  ///< ldmatrix rows outside the block's shared memory
 }  // namespace emu
 #define threadIdx (emu::tid)
 #define blockIdx (emu::bid)
@@ -107,6 +119,60 @@ inline void cp_async_wait(int n) {
 inline void check_aligned16(const void* p) {
   if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) emu::misaligned.fetch_add(1);
 }
+
+/// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lane L posts the address of row L % 8 of
+/// matrix L / 8; it receives in r[j] row L / 4 of matrix j, elements 2 (L % 4) and 2 (L % 4) + 1
+/// (trans: those of the transposed matrix, i.e. rows 2 (L % 4) and 2 (L % 4) + 1, column L / 4).
+inline void ldmatrix_x4(std::uint32_t (&r)[4], const void* row, bool trans) {
+  const int w = static_cast<int>(emu::tid.x / 32), lane = static_cast<int>(emu::tid.x % 32);
+  check_aligned16(row);
+  const auto a = reinterpret_cast<std::uintptr_t>(row);
+  const auto lo = reinterpret_cast<std::uintptr_t>(emu::blk->smem);
+  if (a < lo || a + 16 > lo + emu::blk->smem_bytes) emu::out_of_smem.fetch_add(1);
+  emu::blk->xaddr[w][lane] = a;
+  emu::blk->warp_bar[w]->arrive_and_wait();
+  for (int j = 0; j < 4; ++j) {
+    if (!trans) {
+      std::memcpy(&r[j], reinterpret_cast<const unsigned char*>(emu::blk->xaddr[w][8 * j + lane / 4]) + 4 * (lane % 4), 4);
+    } else {
+      std::uint16_t e0, e1;
+      std::memcpy(&e0, reinterpret_cast<const unsigned char*>(emu::blk->xaddr[w][8 * j + 2 * (lane % 4)]) + 2 * (lane / 4), 2);
+      std::memcpy(&e1, reinterpret_cast<const unsigned char*>(emu::blk->xaddr[w][8 * j + 2 * (lane % 4) + 1]) + 2 * (lane / 4), 2);
+      r[j] = std::uint32_t(e0) | (std::uint32_t(e1) << 16);
+    }
+  }
+  emu::blk->warp_bar[w]->arrive_and_wait();
+}
+
+/// mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}: d += A B with the fragments of the PTX ISA (A:
+/// a0 (row g, k 2c, 2c+1), a1 (row g+8), a2 (k + 8), a3 (row g+8, k + 8); B: b0 (k 2c, 2c+1 of column
+/// g), b1 (k + 8); C: (row g, cols 2c, 2c+1), (row g+8, ...); g = lane / 4, c = lane % 4). Products
+/// of 16-bit values are exact in float; the sums run in k order.
+inline void mma_m16n8k16(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1,
+                         bool bf16) {
+  const int w = static_cast<int>(emu::tid.x / 32), lane = static_cast<int>(emu::tid.x % 32);
+  for (int x = 0; x < 4; ++x) emu::blk->xa[w][lane][x] = a[x];
+  emu::blk->xb[w][lane][0] = b0;
+  emu::blk->xb[w][lane][1] = b1;
+  emu::blk->warp_bar[w]->arrive_and_wait();
+  auto value = [bf16](std::uint32_t reg, int half) {
+    const auto bits = static_cast<std::uint16_t>(reg >> (16 * half));
+    return bf16 ? dualcast::detail::bf16_bits_to_float(bits) : dualcast::detail::fp16_bits_to_float(bits);
+  };
+  auto A = [&](int row, int k) {
+    return value(emu::blk->xa[w][4 * (row % 8) + (k % 8) / 2][(row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0)], k % 2);
+  };
+  auto B = [&](int k, int col) { return value(emu::blk->xb[w][4 * col + (k % 8) / 2][k >= 8 ? 1 : 0], k % 2); };
+  float out[4];
+  for (int e = 0; e < 4; ++e) {
+    const int row = lane / 4 + 8 * (e / 2), col = 2 * (lane % 4) + e % 2;
+    float sum = d[e];
+    for (int k = 0; k < 16; ++k) sum += A(row, k) * B(k, col);
+    out[e] = sum;
+  }
+  emu::blk->warp_bar[w]->arrive_and_wait();
+  for (int e = 0; e < 4; ++e) d[e] = out[e];
+}
 }  // namespace dualcast::attention_detail::kernels::emulation
 
 namespace emu {
@@ -120,6 +186,7 @@ void launch(void (*kernel)(A...), unsigned blocks, unsigned threads, std::size_t
     block.bar = std::make_unique<std::barrier<>>(threads);
     for (unsigned w = 0; w < (threads + 31) / 32; ++w) block.warp_bar[w] = std::make_unique<std::barrier<>>(32);
     block.smem = base;
+    block.smem_bytes = smem;
     std::vector<std::thread> ts;
     for (unsigned t = 0; t < threads; ++t)
       ts.emplace_back([&, t, b] {

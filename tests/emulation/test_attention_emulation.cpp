@@ -11,6 +11,7 @@
 #include "cuda_emulation.hpp"
 // the emulation must come first
 #include "attention_kernels.cuh"
+#include "attention_reference.hpp"
 #include "dualcast/gradcheck.hpp"  // array_error
 
 #include <algorithm>
@@ -24,70 +25,9 @@ namespace dualcast::attention_detail {
 namespace {
 
 using namespace kernels;
-
-struct Case {
-  std::int64_t B, H, Sq, Sk, D;
-  bool causal;
-  int mask;  // 0 none, 1 boolean key padding [B, 1, 1, Sk] (batch 0 all masked), 2 additive [Sq, Sk]
-             // with -inf entries and one fully masked row, 3 boolean [B, H, Sq, Sk]
-};
-
-struct Reference {
-  std::vector<double> o, lse2, dq, dk, dv;
-};
-
-/// Forward and backward from the definition, in double (lse in base 2, -inf for masked rows).
-Reference reference(const Case& c, const std::vector<double>& q, const std::vector<double>& k,
-                    const std::vector<double>& v, const std::vector<double>& dout,
-                    const std::vector<double>& mask, double scale) {
-  const std::int64_t Sq = c.Sq, Sk = c.Sk, D = c.D, BH = c.B * c.H;
-  Reference r;
-  r.o.assign(static_cast<std::size_t>(BH * Sq * D), 0.0);
-  r.lse2.assign(static_cast<std::size_t>(BH * Sq), -INFINITY);
-  r.dq.assign(r.o.size(), 0.0);
-  r.dk.assign(static_cast<std::size_t>(BH * Sk * D), 0.0);
-  r.dv.assign(r.dk.size(), 0.0);
-  std::vector<double> s(static_cast<std::size_t>(Sk)), p(s.size()), dp(s.size());
-  const auto at = [](std::int64_t i) { return static_cast<std::size_t>(i); };
-  for (std::int64_t bh = 0; bh < BH; ++bh)
-    for (std::int64_t i = 0; i < Sq; ++i) {
-      double m = -INFINITY;
-      for (std::int64_t j = 0; j < Sk; ++j) {
-        double x = 0.0;
-        for (std::int64_t d = 0; d < D; ++d) x += q[at((bh * Sq + i) * D + d)] * k[at((bh * Sk + j) * D + d)];
-        x *= scale;
-        const double mv = mask.empty() ? 0.0 : mask[at((bh * Sq + i) * Sk + j)];
-        if (c.causal && j > i) x = -INFINITY;
-        else if ((c.mask == 1 || c.mask == 3) && mv == 0.0) x = -INFINITY;
-        else if (c.mask == 2) x += mv;
-        s[at(j)] = x;
-        m = std::max(m, x);
-      }
-      if (m == -INFINITY) continue;
-      double z = 0.0;
-      for (std::int64_t j = 0; j < Sk; ++j) z += std::exp(s[at(j)] - m);
-      r.lse2[at(bh * Sq + i)] = (m + std::log(z)) / std::log(2.0);
-      for (std::int64_t j = 0; j < Sk; ++j) p[at(j)] = std::exp(s[at(j)] - m) / z;
-      double dot = 0.0;
-      for (std::int64_t j = 0; j < Sk; ++j) {
-        dp[at(j)] = 0.0;
-        for (std::int64_t d = 0; d < D; ++d) {
-          r.o[at((bh * Sq + i) * D + d)] += p[at(j)] * v[at((bh * Sk + j) * D + d)];
-          dp[at(j)] += dout[at((bh * Sq + i) * D + d)] * v[at((bh * Sk + j) * D + d)];
-        }
-        dot += dp[at(j)] * p[at(j)];
-      }
-      for (std::int64_t j = 0; j < Sk; ++j) {
-        const double ds = p[at(j)] * (dp[at(j)] - dot) * scale;
-        for (std::int64_t d = 0; d < D; ++d) {
-          r.dq[at((bh * Sq + i) * D + d)] += ds * k[at((bh * Sk + j) * D + d)];
-          r.dk[at((bh * Sk + j) * D + d)] += ds * q[at((bh * Sq + i) * D + d)];
-          r.dv[at((bh * Sk + j) * D + d)] += p[at(j)] * dout[at((bh * Sq + i) * D + d)];
-        }
-      }
-    }
-  return r;
-}
+using testing::Case;
+using testing::Reference;
+using testing::reference;
 
 template <class T, int D_PAD, int TM, int TK>
 void run(const Case& c, unsigned seed) {
@@ -97,7 +37,6 @@ void run(const Case& c, unsigned seed) {
                                     << " mask=" << c.mask);
   std::mt19937 gen(seed);
   std::normal_distribution<double> normal;
-  std::uniform_real_distribution<double> uniform;
   const std::int64_t B = c.B, H = c.H, Sq = c.Sq, Sk = c.Sk, D = c.D;
   const auto values = [&](std::int64_t n) {
     std::vector<T> v(static_cast<std::size_t>(n));
@@ -108,38 +47,11 @@ void run(const Case& c, unsigned seed) {
                        dout = values(B * H * Sq * D);
   const auto wide = [](const std::vector<T>& a) { return std::vector<double>(a.begin(), a.end()); };
 
-  std::vector<std::uint8_t> keep;
-  std::vector<T> add;
-  std::vector<double> full;  // the mask broadcast to [B, H, Sq, Sk] for the reference
-  MaskView mv;
-  const auto full_from = [&](auto&& value_at) {
-    full.resize(static_cast<std::size_t>(B * H * Sq * Sk));
-    for (std::int64_t b = 0; b < B; ++b)
-      for (std::int64_t h = 0; h < H; ++h)
-        for (std::int64_t i = 0; i < Sq; ++i)
-          for (std::int64_t j = 0; j < Sk; ++j)
-            full[static_cast<std::size_t>(((b * H + h) * Sq + i) * Sk + j)] = value_at(b, h, i, j);
-  };
-  if (c.mask == 1) {
-    keep.resize(static_cast<std::size_t>(B * Sk));
-    for (std::size_t j = 0; j < keep.size(); ++j) keep[j] = j >= static_cast<std::size_t>(Sk) && uniform(gen) < 0.8;
-    mv = MaskView{keep.data(), MaskKind::boolean, Sk, 0, 0, 1};
-    full_from([&](auto b, auto, auto, auto j) { return double(keep[static_cast<std::size_t>(b * Sk + j)]); });
-  } else if (c.mask == 2) {
-    add.resize(static_cast<std::size_t>(Sq * Sk));
-    for (auto& x : add) x = uniform(gen) < 0.1 ? static_cast<T>(-INFINITY) : static_cast<T>(normal(gen));
-    const std::int64_t dead = std::min<std::int64_t>(3, Sq - 1);
-    for (std::int64_t j = 0; j < Sk; ++j) add[static_cast<std::size_t>(dead * Sk + j)] = static_cast<T>(-INFINITY);
-    mv = MaskView{add.data(), MaskKind::additive, 0, 0, Sk, 1};
-    full_from([&](auto, auto, auto i, auto j) { return double(add[static_cast<std::size_t>(i * Sk + j)]); });
-  } else if (c.mask == 3) {
-    keep.resize(static_cast<std::size_t>(B * H * Sq * Sk));
-    for (auto& x : keep) x = uniform(gen) < 0.7;
-    mv = MaskView{keep.data(), MaskKind::boolean, H * Sq * Sk, Sq * Sk, Sk, 1};
-    full.assign(keep.begin(), keep.end());
-  }
+  testing::MaskData<T> md;
+  testing::make_mask(c, gen, md);
+  const MaskView mv = md.view;
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-  const Reference ref = reference(c, wide(q), wide(k), wide(v), wide(dout), full, scale);
+  const Reference ref = reference(c, wide(q), wide(k), wide(v), wide(dout), md.full, scale);
   emu::misaligned = 0;
   emu::unwaited_copies = 0;
 

@@ -2,14 +2,21 @@
 //
 //   out = softmax(scale * q k^T + additive_mask, masked) v      per (batch, head)
 //
-// q [B, H, Sq, D], k [B, H, Sk, D], v [B, H, Sk, Dv] -> out [B, H, Sq, Dv]; float32 or float64, all on
-// one device. Gradients flow to q, k and v (any subset may be constants).
+// q [B, H, Sq, D], k [B, H, Sk, D], v [B, H, Sk, Dv] -> out [B, H, Sq, Dv]; float32, float64,
+// bfloat16 or float16, all of one dtype on one device. Gradients flow to q, k and v (any subset may be
+// constants).
 //
-// 16-bit q, k, v (bfloat16 or float16, all the same) are computed in float32: q, k and v are cast()
-// to float32 copies, the float32 attention runs (either implementation), and the output is rounded
-// back; gradients reach q, k and v in their dtype. A float mask is then converted to float32. Under
-// Autocast attention stays float32 (float32 inputs are not cast; the composed path's matmuls are not
-// autocast either): tensor-core attention is future work.
+// 16-bit q, k, v (bfloat16 or float16) run on tensor cores on CUDA devices where the fused kernels
+// apply and head_dim is a multiple of 8 (implementation fused or automatic): mma.sync products of
+// 16-bit operands with float32 sums; softmax, the log-sum-exp and dq's sums in float32; P and dS
+// rounded to 16 bits before the products that use them, as FlashAttention-2 does; the output and
+// the gradients in the inputs' dtype. Elsewhere (the CPU, other head dims, `composed`) they are
+// cast() to float32 copies, the float32 attention runs, and the output is rounded back. A float mask
+// is converted to float32 in both cases.
+// Under Autocast, float32 q, k, v on a CUDA device where the tensor-core kernels apply are cast to
+// the autocast dtype and run there (the output is 16-bit, their gradients float32), as PyTorch's
+// autocast does with scaled_dot_product_attention; elsewhere attention stays float32 (the composed
+// path's matmuls are not autocast either).
 //
 // Masking (AttentionOptions):
 //  - causal: query i attends to keys j <= i (top-left aligned, as PyTorch's is_causal, also when
@@ -26,7 +33,8 @@
 // Implementations (AttentionOptions::impl; attention_impl_for says which `automatic` picks):
 //  - fused (CUDA only): one forward kernel (online softmax; saves only the output and each row's
 //    log-sum-exp, never the Sq x Sk matrix) and one backward kernel that recomputes the scores
-//    (FlashAttention-2's structure, SIMT FFMA: no tensor cores, no TF32), plus a small kernel for
+//    (FlashAttention-2's structure; float32 and float64 in SIMT FFMA, no TF32; 16-bit inputs on
+//    tensor cores), plus a small kernel for
 //    rowsum(dout * out). Causal and mask handled inside the kernels; causal tiles above the diagonal
 //    are skipped. Head dims up to kFusedAttentionMaxHeadDim with D == Dv (64 is the tuned case;
 //    others are padded to 32, 64 or 128). dq is accumulated with atomic adds, so its last bits may
