@@ -10,6 +10,8 @@
 #   bash paper/measured/h200-2026-11-29c/run.sh bench   # (the commit gpu-check verified) builds attention_bench,
 #        # then attention_bench --precision bf16 and fp16 with PyTorch's SDPA at the same dtype, and the
 #        # tensor-core kernels' counters at seq 4096
+#   bash paper/measured/h200-2026-11-29c/run.sh train   # (carry .data/fashion-mnist) ResNet-18, 10 epochs on
+#        # Fashion-MNIST under bf16 Autocast (batch 128, the float32 recipe): the accuracy target
 # Each part's files go straight into $OUT (a part cut short by the call's limit still returns what it wrote;
 # the device returns a limited number of files, so the attention part packs its folders into tarballs).
 set -u
@@ -48,6 +50,16 @@ if [ "$part" = model ]; then
     > "$R/ncu-skinny.txt" 2>&1
   echo "rc=$? at $((SECONDS - t0)) s"; grep -E "Duration|Registers Per|Achieved Occupancy|Grid Size|Warp Cycles Per Issued|Executed Instructions  " \
     "$R/ncu-skinny.txt" | head -36
+fi
+if [ "$part" = train ]; then
+  echo "== build"
+  { cmake --preset release > "$R/configure.log" 2>&1 &&
+    cmake --build --preset release -j16 --target resnet_train > "$R/build.log" 2>&1; } ||
+    { echo "build FAILED"; tail -30 "$R/build.log"; exit 1; }
+  echo "built in $((SECONDS - t0)) s"
+  timeout 150 "$T" --device cuda --precision bf16 --epochs 10 --data .data/fashion-mnist --out "$R" \
+    --name resnet18_bf16 > "$R/train_bf16.log" 2>&1
+  echo "rc=$? at $((SECONDS - t0)) s"; grep -iE "epoch|accuracy|wrote" "$R/train_bf16.log" | tail -14
 fi
 if [ "$part" = bench ]; then
   echo "== build"
