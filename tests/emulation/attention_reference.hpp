@@ -25,7 +25,7 @@ struct Reference {
 };
 
 /// Forward and backward from the definition, in double (lse in base 2, -inf for masked rows).
-Reference reference(const Case& c, const std::vector<double>& q, const std::vector<double>& k,
+inline Reference reference(const Case& c, const std::vector<double>& q, const std::vector<double>& k,
                     const std::vector<double>& v, const std::vector<double>& dout,
                     const std::vector<double>& mask, double scale) {
   const std::int64_t Sq = c.Sq, Sk = c.Sk, D = c.D, BH = c.B * c.H;

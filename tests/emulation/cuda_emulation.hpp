@@ -17,6 +17,14 @@
 // shared memory, else emu::out_of_smem counts it) and mma.sync m16n8k16 (bf16/fp16 operands, float
 // sums). Each lane posts its operands to a per-warp exchange between two warp barriers, so, as on
 // the GPU, all 32 lanes must take part.
+// Because a copy here lands only when its own thread waits, a copy issued into a tile that other
+// warps are still reading would go unnoticed; so every 16-byte chunk of shared memory keeps a stamp
+// of the barrier interval (between two __syncthreads) in which warps last read it by ldmatrix and
+// in which cp.async last targeted it: a read and a copy of one chunk by different warps in one
+// interval is a write-after-read race on the GPU (emu::smem_races). Both sides stamp first and
+// check the other after (sequentially consistent atomics), so the race is seen whatever the host's
+// interleaving. cp.async destinations and ldmatrix rows outside the block's shared memory count in
+// emu::out_of_smem.
 #pragma once
 #include <atomic>
 #include <barrier>
@@ -43,8 +51,31 @@ inline double2 make_double2(double a, double b) { return {a, b}; }
 struct EmuDim3 { unsigned x = 0, y = 0, z = 0; };
 
 namespace emu {
+/// A chunk's stamp: the barrier interval (high bits) and the warps (low 8 bits, one per warp).
+struct ChunkStamps {
+  std::atomic<std::uint64_t> read{0}, copy{0};
+};
+/// Adds warp w to the stamp if it is of interval `epoch`, else restarts it there; returns the warps
+/// of the other stamp of the same interval, other than w.
+inline std::uint64_t stamp(std::atomic<std::uint64_t>& mine, const std::atomic<std::uint64_t>& other,
+                           std::uint64_t epoch, int w) {
+  const std::uint64_t bit = std::uint64_t(1) << w;
+  std::uint64_t cur = mine.load();
+  for (;;) {
+    const std::uint64_t next = (cur >> 8) == epoch ? (cur | bit) : ((epoch << 8) | bit);
+    if (mine.compare_exchange_weak(cur, next)) break;
+  }
+  const std::uint64_t o = other.load();
+  return (o >> 8) == epoch ? (o & 0xFF & ~bit) : 0;
+}
+struct EpochCounter {
+  std::atomic<std::uint64_t>* epoch;
+  void operator()() noexcept { epoch->fetch_add(1); }
+};
 struct Block {
-  std::unique_ptr<std::barrier<>> bar;
+  std::atomic<std::uint64_t> epoch{1};  // barrier intervals: __syncthreads completions + 1
+  std::unique_ptr<std::barrier<EpochCounter>> bar;
+  std::unique_ptr<ChunkStamps[]> chunks;  // one per 16 bytes of shared memory
   std::unique_ptr<std::barrier<>> warp_bar[8];
   double shfl[8][32];
   std::uintptr_t xaddr[8][32];   // ldmatrix row addresses
@@ -57,7 +88,20 @@ inline thread_local Block* blk = nullptr;
 inline thread_local EmuDim3 tid, bid;
 inline EmuDim3 grid;
 inline std::atomic<long> misaligned{0};  ///< 16-byte vector accesses at unaligned addresses
-inline std::atomic<long> out_of_smem{0};  ///< ldmatrix rows outside the block's shared memory
+inline std::atomic<long> out_of_smem{0};  ///< ldmatrix rows, cp.async destinations outside shared memory
+inline std::atomic<long> smem_races{0};   ///< a chunk read (ldmatrix) and copied into (cp.async) by
+                                          ///< different warps between the same two barriers
+
+/// The stamps of the shared-memory chunk at p, or null (counted) outside the block's shared memory.
+inline ChunkStamps* chunk_of(const void* p) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  const auto lo = reinterpret_cast<std::uintptr_t>(blk->smem);
+  if (a < lo || a + 16 > lo + blk->smem_bytes) {
+    out_of_smem.fetch_add(1);
+    return nullptr;
+  }
+  return &blk->chunks[(a - lo) / 16];
+}
 }  // namespace emu
 #define threadIdx (emu::tid)
 #define blockIdx (emu::bid)
@@ -103,6 +147,10 @@ inline void land(const std::vector<PendingCopy>& group) {
 namespace dualcast::attention_detail::kernels::emulation {
 inline unsigned char* shared_memory() { return emu::blk->smem; }
 inline void cp_async16(void* smem, const void* gmem, int src_bytes) {
+  if (emu::ChunkStamps* c = emu::chunk_of(smem)) {
+    if (emu::stamp(c->copy, c->read, emu::blk->epoch.load(), static_cast<int>(emu::tid.x / 32)))
+      emu::smem_races.fetch_add(1);
+  }
   emu::open_group.push_back({smem, gmem, src_bytes});
 }
 inline void cp_async_commit() {
@@ -126,10 +174,10 @@ inline void check_aligned16(const void* p) {
 inline void ldmatrix_x4(std::uint32_t (&r)[4], const void* row, bool trans) {
   const int w = static_cast<int>(emu::tid.x / 32), lane = static_cast<int>(emu::tid.x % 32);
   check_aligned16(row);
-  const auto a = reinterpret_cast<std::uintptr_t>(row);
-  const auto lo = reinterpret_cast<std::uintptr_t>(emu::blk->smem);
-  if (a < lo || a + 16 > lo + emu::blk->smem_bytes) emu::out_of_smem.fetch_add(1);
-  emu::blk->xaddr[w][lane] = a;
+  if (emu::ChunkStamps* c = emu::chunk_of(row)) {
+    if (emu::stamp(c->read, c->copy, emu::blk->epoch.load(), w)) emu::smem_races.fetch_add(1);
+  }
+  emu::blk->xaddr[w][lane] = reinterpret_cast<std::uintptr_t>(row);
   emu::blk->warp_bar[w]->arrive_and_wait();
   for (int j = 0; j < 4; ++j) {
     if (!trans) {
@@ -183,7 +231,8 @@ void launch(void (*kernel)(A...), unsigned blocks, unsigned threads, std::size_t
     std::vector<unsigned char> buf(smem + 64, 0xFF);  // NaN poison: unwritten shared memory shows
     auto* base = reinterpret_cast<unsigned char*>((reinterpret_cast<std::uintptr_t>(buf.data()) + 63) / 64 * 64);
     Block block;
-    block.bar = std::make_unique<std::barrier<>>(threads);
+    block.bar = std::make_unique<std::barrier<EpochCounter>>(threads, EpochCounter{&block.epoch});
+    block.chunks = std::make_unique<ChunkStamps[]>(smem / 16 + 1);
     for (unsigned w = 0; w < (threads + 31) / 32; ++w) block.warp_bar[w] = std::make_unique<std::barrier<>>(32);
     block.smem = base;
     block.smem_bytes = smem;

@@ -54,6 +54,8 @@ void run(const Case& c, unsigned seed) {
   const Reference ref = reference(c, wide(q), wide(k), wide(v), wide(dout), md.full, scale);
   emu::misaligned = 0;
   emu::unwaited_copies = 0;
+  emu::out_of_smem = 0;
+  emu::smem_races = 0;
 
   // Forward, as launch_forward does.
   std::vector<T> o(q.size(), T(777)), lse(static_cast<std::size_t>(B * H * Sq), T(777));
@@ -117,6 +119,8 @@ void run(const Case& c, unsigned seed) {
   EXPECT_LE(array_error(dv, ref.dv, ErrorScale::largest_or_one), tol) << "dv";
   EXPECT_EQ(emu::misaligned.load(), 0) << "misaligned 16-byte accesses";
   EXPECT_EQ(emu::unwaited_copies.load(), 0) << "asynchronous copies never waited for";
+  EXPECT_EQ(emu::out_of_smem.load(), 0) << "copies outside shared memory";
+  EXPECT_EQ(emu::smem_races.load(), 0) << "copies into shared memory that another warp read between the same barriers";
 }
 
 /// Every tile shape the launchers use for this head dimension (attention_fused.cu: Config).

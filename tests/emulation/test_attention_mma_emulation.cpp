@@ -68,6 +68,7 @@ void run(const Case& c, unsigned seed) {
   emu::misaligned = 0;
   emu::unwaited_copies = 0;
   emu::out_of_smem = 0;
+  emu::smem_races = 0;
 
   // Forward, as the launcher does (outputs poisoned first).
   constexpr int BR = kWarps * 16 * kFwdAtoms<D_PAD>;
@@ -136,7 +137,8 @@ void run(const Case& c, unsigned seed) {
   EXPECT_LE(ev, kGradTol<T16>) << "dv";
   EXPECT_EQ(emu::misaligned.load(), 0) << "misaligned 16-byte accesses";
   EXPECT_EQ(emu::unwaited_copies.load(), 0) << "asynchronous copies never waited for";
-  EXPECT_EQ(emu::out_of_smem.load(), 0) << "ldmatrix rows outside shared memory";
+  EXPECT_EQ(emu::smem_races.load(), 0) << "copies into shared memory that another warp read between the same barriers";
+  EXPECT_EQ(emu::out_of_smem.load(), 0) << "ldmatrix rows or copies outside shared memory";
 }
 
 /// Both 16-bit types at the padded head dimension the launcher picks for c.D.
