@@ -193,7 +193,11 @@ struct Plan {
   AttentionImpl impl = AttentionImpl::composed;
 };
 
-Plan make_plan(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opt) {
+/// The checked plan of a call whose inputs run in dtype `run` (q's dtype, or what run_dtype chose:
+/// the caller casts them); `checks_only` skips the mask's conversion (no copy), for callers that
+/// only want the checks and the implementation.
+Plan make_plan(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opt, DType run,
+               bool checks_only = false) {
   const char* op = "scaled_dot_product_attention";
   check_defined(q, op, "q");
   check_defined(k, op, "k");
@@ -245,14 +249,14 @@ Plan make_plan(const Tensor& q, const Tensor& k, const Tensor& v, const Attentio
                      m.shape().str(), " does not broadcast to [B, H, Sq, Sk] = [", d.B, ", ", d.H, ", ",
                      d.Sq, ", ", d.Sk, "] (dimension ", i, ")");
     if (m.dtype() == DType::uint8) {
-      p.mask = detail::contiguous_copy(m);
+      if (!checks_only) p.mask = detail::contiguous_copy(m);
       p.view.kind = MaskKind::boolean;
     } else {
       // The tensor-core kernels (16-bit q) read an additive mask in float32.
-      p.mask = detail::contiguous_copy(m.to(is_half(q.dtype()) ? DType::float32 : q.dtype()));
+      if (!checks_only) p.mask = detail::contiguous_copy(m.to(is_half(run) ? DType::float32 : run));
       p.view.kind = MaskKind::additive;
     }
-    p.view.data = p.mask.raw_data();
+    p.view.data = p.mask.defined() ? p.mask.raw_data() : nullptr;
     std::int64_t st[4] = {0, 0, 0, 0};
     std::int64_t stride = 1;
     for (int i = m.rank() - 1; i >= 0; --i) {
@@ -265,7 +269,7 @@ Plan make_plan(const Tensor& q, const Tensor& k, const Tensor& v, const Attentio
     p.view.sj = st[3];
   }
 
-  const bool fused_ok = is_half(q.dtype()) ? tensor_core_supported(q.device(), d) : fused_supported(q.device(), d);
+  const bool fused_ok = is_half(run) ? tensor_core_supported(q.device(), d) : fused_supported(q.device(), d);
   switch (opt.impl) {
     case AttentionImpl::composed: p.impl = AttentionImpl::composed; break;
     case AttentionImpl::fused:
@@ -450,10 +454,11 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   const DType run = ad::run_dtype(q, k, v, options);
   const Autocast no_autocast(DType::bfloat16, /*enabled=*/false);
   if (run != q.dtype()) {
+    (void)ad::make_plan(q, k, v, options, run, /*checks_only=*/true);  // errors name the caller's tensors
     const Tensor o = scaled_dot_product_attention(q.to(run), k.to(run), v.to(run), options);
     return run == DType::float32 ? o.to(q.dtype()) : o;  // 16-bit inputs on float32 copies: rounded back
   }
-  const ad::Plan p = ad::make_plan(q, k, v, options);
+  const ad::Plan p = ad::make_plan(q, k, v, options, q.dtype());
   if (p.impl == AttentionImpl::fused) return ad::fused(p, q, k, v).o;
   return ad::composed(p, q, k, v);
 }
@@ -466,10 +471,11 @@ Var scaled_dot_product_attention(const Var& q, const Var& k, const Var& v,
   const DType run = ad::run_dtype(q.value(), k.value(), v.value(), options);
   const Autocast no_autocast(DType::bfloat16, /*enabled=*/false);
   if (run != q.dtype()) {
+    (void)ad::make_plan(q.value(), k.value(), v.value(), options, run, /*checks_only=*/true);
     const Var o = scaled_dot_product_attention(cast(q, run), cast(k, run), cast(v, run), options);
     return run == DType::float32 ? cast(o, q.dtype()) : o;
   }
-  ad::Plan p = ad::make_plan(q.value(), k.value(), v.value(), options);
+  ad::Plan p = ad::make_plan(q.value(), k.value(), v.value(), options, q.dtype());
   if (p.impl == AttentionImpl::composed) return ad::composed(p, q, k, v);
   ad::FusedResult r = ad::fused(p, q.value(), k.value(), v.value());
   Tensor o = r.o;
@@ -480,10 +486,7 @@ Var scaled_dot_product_attention(const Var& q, const Var& k, const Var& v,
 
 AttentionImpl attention_impl_for(const Tensor& q, const Tensor& k, const Tensor& v,
                                  const AttentionOptions& options) {
-  const DType run = ad::run_dtype(q, k, v, options);
-  const Autocast no_autocast(DType::bfloat16, /*enabled=*/false);
-  if (run != q.dtype()) return ad::make_plan(q.to(run), k.to(run), v.to(run), options).impl;
-  return ad::make_plan(q, k, v, options).impl;
+  return ad::make_plan(q, k, v, options, ad::run_dtype(q, k, v, options), /*checks_only=*/true).impl;
 }
 
 const char* attention_impl_name(AttentionImpl impl) {

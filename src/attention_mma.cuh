@@ -20,7 +20,8 @@
 // whose Q fragments it keeps in registers. Key tiles of 64: S = Q K^T, masks, online softmax, O +=
 // P V; K of tile t + 1 lands while P V of tile t runs, V of tile t + 1 while S of tile t + 1 runs.
 // Backward: a block owns 64 keys (16 per warp, whose K and V fragments stay in registers at head
-// dims up to 64) and sweeps query tiles of QT rows: S^T = K Q^T and dP^T = V dO^T per warp; P^T and
+// dims up to 64) and sweeps query tiles of QT rows (from a tile staggered by key block, wrapping
+// around, as the SIMT kernel does): S^T = K Q^T and dP^T = V dO^T per warp; P^T and
 // dS^T = P^T (dP^T - delta) in registers; dV += P^T dO and dK += dS^T Q; dS^T goes to shared memory
 // once, and the four warps form dQ += dS K for the tile (float32, added to a float32 buffer with
 // vector atomics) while the next Q and dO tiles land.
@@ -94,6 +95,14 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const std::uint32_t (&a)
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 #endif
+}
+
+/// The two 8-column tiles of one x4 B load: c0 += A B[0:2], c1 += A B[2:4] (load_b_rows/load_b_cols).
+template <class T16>
+__device__ __forceinline__ void mma_pair(float (&c0)[4], float (&c1)[4], const std::uint32_t (&a)[4],
+                                         const std::uint32_t (&b)[4]) {
+  mma16816<T16>(c0, a, b[0], b[1]);
+  mma16816<T16>(c1, a, b[2], b[3]);
 }
 
 /// 2^x by the special function unit alone (ex2.approx.ftz: about 2 ulp, denormal results flushed to
@@ -184,19 +193,45 @@ __device__ __forceinline__ void c_to_a(std::uint32_t (&a)[4], const float (&c)[N
 // forward
 // =================================================================================================
 
+/// What the forward's and the backward's parameters share: the inputs, sizes, mask and constants.
 template <class T16>
-struct MmaFwdParams {
+struct MmaCommon {
   const T16* q;
   const T16* k;
   const T16* v;
-  T16* o;
-  float* lse;  ///< [heads, Sq], log2 domain
   MaskView mask;  ///< an additive mask is float32 here
   std::int64_t heads, H, Sq, Sk, D;
-  int q_tiles;
   bool causal;
   float smul;      ///< scale * log2(e)
   float mask_mul;  ///< log2(e)
+  float scale;
+};
+
+/// The common parameters of a call (q, k, v as the kernels read them: contiguous 16-bit rows).
+template <class T16>
+MmaCommon<T16> mma_common(const Dims& d, const MaskView& mask, const T16* q, const T16* k, const T16* v) {
+  MmaCommon<T16> c{};
+  c.q = q;
+  c.k = k;
+  c.v = v;
+  c.mask = mask;
+  c.heads = d.heads();
+  c.H = d.H;
+  c.Sq = d.Sq;
+  c.Sk = d.Sk;
+  c.D = d.D;
+  c.causal = d.causal;
+  c.smul = static_cast<float>(d.scale * kLog2e);
+  c.mask_mul = static_cast<float>(kLog2e);
+  c.scale = static_cast<float>(d.scale);
+  return c;
+}
+
+template <class T16>
+struct MmaFwdParams : MmaCommon<T16> {
+  T16* o;
+  float* lse;  ///< [heads, Sq], log2 domain
+  int q_tiles;
 };
 
 constexpr int kMmaKeyTile = 64;
@@ -289,8 +324,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_forward_mma_kernel(cons
           load_b_rows<LD>(kb, Ks, 16 * np, 16 * ks, lane);
 #pragma unroll
           for (int a = 0; a < MA; ++a) {
-            mma16816<T16>(s[a][2 * np], qf[a][ks], kb[0], kb[1]);
-            mma16816<T16>(s[a][2 * np + 1], qf[a][ks], kb[2], kb[3]);
+            mma_pair<T16>(s[a][2 * np], s[a][2 * np + 1], qf[a][ks], kb);
           }
         }
       // The interior test outside the element loops: inside them it cost a branch per score.
@@ -365,8 +399,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_forward_mma_kernel(cons
           load_b_cols<LD>(vb, Vs, 16 * kk, 16 * dp, lane);
 #pragma unroll
           for (int a = 0; a < MA; ++a) {
-            mma16816<T16>(acc[a][2 * dp], pf[a][kk], vb[0], vb[1]);
-            mma16816<T16>(acc[a][2 * dp + 1], pf[a][kk], vb[2], vb[3]);
+            mma_pair<T16>(acc[a][2 * dp], acc[a][2 * dp + 1], pf[a][kk], vb);
           }
         }
     }
@@ -421,21 +454,14 @@ __global__ void __launch_bounds__(256)
 }
 
 template <class T16>
-struct MmaBwdParams {
-  const T16* q;
-  const T16* k;
-  const T16* v;
+struct MmaBwdParams : MmaCommon<T16> {
   const T16* dout;
   const float* lse;
   const float* delta;
   float* dq;  ///< float32, zeroed; accumulated with atomics
   T16* dk;
   T16* dv;
-  MaskView mask;
-  std::int64_t heads, H, Sq, Sk, D;
   int k_tiles;
-  bool causal;
-  float smul, mask_mul, scale;
 };
 
 constexpr int kMmaKeysPerBlock = kWarps * 16;
@@ -491,6 +517,15 @@ __global__ void __launch_bounds__(kThreads, 2) attention_backward_mma_kernel(con
   // With causal masking, queries before the block's first key see none of its keys.
   const int t_begin = p.causal ? static_cast<int>(k0 / QT) : 0;
   const int t_end = static_cast<int>((p.Sq + QT - 1) / QT);
+  // The blocks of one head start their sweep at staggered tiles (and wrap around), so that they
+  // rarely add to the same dq rows at once: started together, every key block's atomics met on one
+  // query tile at a time.
+  const int n_t = std::max(0, t_end - t_begin);
+  const int t_shift = n_t > 0 ? kt % n_t : 0;
+  const auto tile_at = [&](int i) {
+    const int j = i + t_shift;
+    return t_begin + (j >= n_t ? j - n_t : j);
+  };
 
   // A tile's lse (+inf for rows past Sq and fully masked rows: P = 0 there) and delta, fetched into
   // registers by the first 2 QT threads and stored once the previous tile's are no longer read.
@@ -517,10 +552,11 @@ __global__ void __launch_bounds__(kThreads, 2) attention_backward_mma_kernel(con
 
   load_tile16<T16, D_PAD, BC>(Ks, kg, k0, p.Sk, p.D);
   load_tile16<T16, D_PAD, BC>(Vs, vg, k0, p.Sk, p.D);
-  if (t_begin < t_end) {
-    load_tile16<T16, D_PAD, QT>(Qs, qg, static_cast<std::int64_t>(t_begin) * QT, p.Sq, p.D);
-    load_tile16<T16, D_PAD, QT>(dOs, dog, static_cast<std::int64_t>(t_begin) * QT, p.Sq, p.D);
-    store_row_stats(fetch_row_stats(t_begin));
+  if (n_t > 0) {
+    const int t0 = tile_at(0);
+    load_tile16<T16, D_PAD, QT>(Qs, qg, static_cast<std::int64_t>(t0) * QT, p.Sq, p.D);
+    load_tile16<T16, D_PAD, QT>(dOs, dog, static_cast<std::int64_t>(t0) * QT, p.Sq, p.D);
+    store_row_stats(fetch_row_stats(t0));
   }
   cp_async_commit();
 
@@ -531,12 +567,15 @@ __global__ void __launch_bounds__(kThreads, 2) attention_backward_mma_kernel(con
     for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.f;
   std::uint32_t kf[kKvRegs ? KS : 1][4], vf[kKvRegs ? KS : 1][4];
 
-  for (int t = t_begin; t < t_end; ++t) {
+  for (int i = 0; i < n_t; ++i) {
+    const int t = tile_at(i);
+    const bool more = i + 1 < n_t;
+    const std::int64_t q_next = more ? static_cast<std::int64_t>(tile_at(i + 1)) * QT : 0;
     const std::int64_t q0 = static_cast<std::int64_t>(t) * QT;
     cp_async_wait<0>();  // Q_t and dO_t (K and V the first time) have landed
     __syncthreads();     // ... for every thread, and the row statistics are stored
     if constexpr (kKvRegs) {
-      if (t == t_begin) {
+      if (i == 0) {
         load_a_rows<D_PAD, LD>(kf, Ks + wk0 * LD, lane);
         load_a_rows<D_PAD, LD>(vf, Vs + wk0 * LD, lane);
       }
@@ -568,10 +607,8 @@ __global__ void __launch_bounds__(kThreads, 2) attention_backward_mma_kernel(con
           std::uint32_t qb[4], ob[4];
           load_b_rows<LD>(qb, Qs, 16 * np, 16 * ks, lane);
           load_b_rows<LD>(ob, dOs, 16 * np, 16 * ks, lane);
-          mma16816<T16>(s[2 * np], ka, qb[0], qb[1]);
-          mma16816<T16>(s[2 * np + 1], ka, qb[2], qb[3]);
-          mma16816<T16>(dp[2 * np], va, ob[0], ob[1]);
-          mma16816<T16>(dp[2 * np + 1], va, ob[2], ob[3]);
+          mma_pair<T16>(s[2 * np], s[2 * np + 1], ka, qb);
+          mma_pair<T16>(dp[2 * np], dp[2 * np + 1], va, ob);
         }
       }
       // P^T = 2^(S^T smul - lse) (masked entries 0) and dS^T = P^T (dP^T - delta), in place.
@@ -613,10 +650,8 @@ __global__ void __launch_bounds__(kThreads, 2) attention_backward_mma_kernel(con
           std::uint32_t ob[4], qb[4];
           load_b_cols<LD>(ob, dOs, 16 * kk, 16 * np, lane);
           load_b_cols<LD>(qb, Qs, 16 * kk, 16 * np, lane);
-          mma16816<T16>(dv[2 * np], pa, ob[0], ob[1]);
-          mma16816<T16>(dv[2 * np + 1], pa, ob[2], ob[3]);
-          mma16816<T16>(dk[2 * np], sa, qb[0], qb[1]);
-          mma16816<T16>(dk[2 * np + 1], sa, qb[2], qb[3]);
+          mma_pair<T16>(dv[2 * np], dv[2 * np + 1], pa, ob);
+          mma_pair<T16>(dk[2 * np], dk[2 * np + 1], sa, qb);
         }
       }
     }
@@ -628,11 +663,11 @@ __global__ void __launch_bounds__(kThreads, 2) attention_backward_mma_kernel(con
         store2(dSs + (wk0 + g + 8 * r) * LDS + 8 * n + c2, pack2<T16>(dp[n][2 * r], dp[n][2 * r + 1]));
     __syncthreads();  // dS^T complete; every read of Qs, dOs and the row statistics is done
     float next_stats = 0.f;
-    if (t + 1 < t_end) {
-      load_tile16<T16, D_PAD, QT>(Qs, qg, q0 + QT, p.Sq, p.D);
-      load_tile16<T16, D_PAD, QT>(dOs, dog, q0 + QT, p.Sq, p.D);
+    if (more) {
+      load_tile16<T16, D_PAD, QT>(Qs, qg, q_next, p.Sq, p.D);
+      load_tile16<T16, D_PAD, QT>(dOs, dog, q_next, p.Sq, p.D);
       cp_async_commit();
-      next_stats = fetch_row_stats(t + 1);
+      next_stats = fetch_row_stats(static_cast<int>(q_next / QT));
     }
     // dQ[q0 + 16 wq .. + 15][column slice wd] += dS K over the block's 64 keys.
     {
@@ -651,8 +686,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_backward_mma_kernel(con
         for (int np = 0; np < NOQ / 2; ++np) {
           std::uint32_t kb[4];
           load_b_cols<LD>(kb, Ks, 16 * kk, col0 + 16 * np, lane);
-          mma16816<T16>(dq[2 * np], a, kb[0], kb[1]);
-          mma16816<T16>(dq[2 * np + 1], a, kb[2], kb[3]);
+          mma_pair<T16>(dq[2 * np], dq[2 * np + 1], a, kb);
         }
       }
 #pragma unroll
@@ -667,7 +701,7 @@ __global__ void __launch_bounds__(kThreads, 2) attention_backward_mma_kernel(con
         }
       }
     }
-    if (t + 1 < t_end) store_row_stats(next_stats);
+    if (more) store_row_stats(next_stats);
   }
   cp_async_wait<0>();  // nothing may be in flight at exit (no query tile at all: K and V's group)
 

@@ -51,22 +51,10 @@ void forward(const Dims& d, const MaskView& mask, const Tensor& q, const Tensor&
   constexpr int smem = mma_fwd_smem_bytes<D_PAD>();
   const Device dev = q.device();
   allow_smem<attention_forward_mma_kernel<T16, D_PAD>>(dev, smem);
-  MmaFwdParams<T16> p{};
-  p.q = q.data<T16>();
-  p.k = k.data<T16>();
-  p.v = v.data<T16>();
+  MmaFwdParams<T16> p{mma_common(d, mask, q.data<T16>(), k.data<T16>(), v.data<T16>())};
   p.o = o.data<T16>();
   p.lse = lse.data<float>();
-  p.mask = mask;
-  p.heads = d.heads();
-  p.H = d.H;
-  p.Sq = d.Sq;
-  p.Sk = d.Sk;
-  p.D = d.D;
   p.q_tiles = static_cast<int>((d.Sq + BR - 1) / BR);
-  p.causal = d.causal;
-  p.smul = static_cast<float>(d.scale * kLog2e);
-  p.mask_mul = static_cast<float>(kLog2e);
   launch_blocks(attention_forward_mma_kernel<T16, D_PAD>, p.heads * p.q_tiles, smem, dev, p);
 }
 
@@ -85,27 +73,14 @@ void backward(const Dims& d, const MaskView& mask, const Tensor& q, const Tensor
                                                                             delta.data<float>(), rows, d.D);
     DUALCAST_CUDA_CHECK_LAUNCH();
   }
-  MmaBwdParams<T16> p{};
-  p.q = q.data<T16>();
-  p.k = k.data<T16>();
-  p.v = v.data<T16>();
+  MmaBwdParams<T16> p{mma_common(d, mask, q.data<T16>(), k.data<T16>(), v.data<T16>())};
   p.dout = dout.data<T16>();
   p.lse = lse.data<float>();
   p.delta = delta.data<float>();
   p.dq = dq32.data<float>();
   p.dk = dk.data<T16>();
   p.dv = dv.data<T16>();
-  p.mask = mask;
-  p.heads = d.heads();
-  p.H = d.H;
-  p.Sq = d.Sq;
-  p.Sk = d.Sk;
-  p.D = d.D;
   p.k_tiles = static_cast<int>((d.Sk + kMmaKeysPerBlock - 1) / kMmaKeysPerBlock);
-  p.causal = d.causal;
-  p.smul = static_cast<float>(d.scale * kLog2e);
-  p.mask_mul = static_cast<float>(kLog2e);
-  p.scale = static_cast<float>(d.scale);
   launch_blocks(attention_backward_mma_kernel<T16, D_PAD>, p.heads * p.k_tiles, smem, dev, p);
 }
 

@@ -13,6 +13,7 @@
 
 #include "dualcast/gradcheck.hpp"
 #include "dualcast/ops/attention.hpp"
+#include "dualcast/ops/shape.hpp"
 #include "dualcast/precision.hpp"
 #include "test_util.hpp"
 
@@ -95,6 +96,11 @@ class AttentionTensorCore : public ::testing::TestWithParam<Device> {
     EXPECT_LE(array_error(h.dq, r.dq, kWholeArray), grad_tol(dt)) << "dq " << what;
     EXPECT_LE(array_error(h.dk, r.dk, kWholeArray), grad_tol(dt)) << "dk " << what;
     EXPECT_LE(array_error(h.dv, r.dv, kWholeArray), grad_tol(dt)) << "dv " << what;
+    // The tensor-core kernels ran, not the float32 kernels on copies: those give other bits (and
+    // are more accurate, so the tolerances above would not tell).
+    const Tensor f32 = scaled_dot_product_attention(q.to(DType::float32), k.to(DType::float32),
+                                                    v.to(DType::float32), o);
+    EXPECT_GT(array_error(h.out, f32.to(dt), kWholeArray), 0.0) << "the float32 route ran: " << what;
   }
 };
 
@@ -179,6 +185,25 @@ TEST_P(AttentionTensorCore, AutocastRunsFloat32InputsOnTensorCores) {
     const Results direct = run(q.to(dt), k.to(dt), v.to(dt), g, o);
     EXPECT_EQ(array_error(under.out, direct.out, kWholeArray), 0.0) << dtype_name(dt);
     EXPECT_EQ(array_error(under.dv, direct.dv, kWholeArray), 0.0) << dtype_name(dt);
+  }
+}
+
+// A contiguous view whose data is not 16-byte aligned (3 elements into its storage) is copied to
+// aligned memory first: the same bits as the aligned tensors give.
+TEST_P(AttentionTensorCore, MisalignedContiguousViewsGiveTheAlignedResult) {
+  const std::int64_t B = 1, H = 2, S = 70, D = 64, n = B * H * S * D;
+  for (DType dt : kHalfTypes) {
+    const auto view = [&](std::uint64_t seed) {
+      return reshape(slice(Tensor::randn({n + 3}, dev(), seed, dt), 0, 3, n + 3), {B, H, S, D});
+    };
+    const Tensor q = view(51), k = view(52), v = view(53), g = Tensor::randn({B, H, S, D}, dev(), 54, dt);
+    AttentionOptions o;
+    o.causal = true;
+    const Results got = run(q, k, v, g, o);
+    const Results want = run(q.clone(), k.clone(), v.clone(), g, o);
+    EXPECT_EQ(array_error(got.out, want.out, kWholeArray), 0.0) << dtype_name(dt);
+    EXPECT_EQ(array_error(got.dk, want.dk, kWholeArray), 0.0) << dtype_name(dt);
+    EXPECT_EQ(array_error(got.dv, want.dv, kWholeArray), 0.0) << dtype_name(dt);
   }
 }
 

@@ -74,22 +74,18 @@ void run(const Case& c, unsigned seed) {
   constexpr int BR = kWarps * 16 * kFwdAtoms<D_PAD>;
   std::vector<T16> o(q.size(), T16(777.f));
   std::vector<float> lse(static_cast<std::size_t>(B * H * Sq), 777.f);
-  MmaFwdParams<T16> fp{};
-  fp.q = q.data();
-  fp.k = k.data();
-  fp.v = v.data();
+  Dims dims;
+  dims.B = B;
+  dims.H = H;
+  dims.Sq = Sq;
+  dims.Sk = Sk;
+  dims.D = dims.Dv = D;
+  dims.causal = c.causal;
+  dims.scale = scale;
+  MmaFwdParams<T16> fp{mma_common(dims, md.view, q.data(), k.data(), v.data())};
   fp.o = o.data();
   fp.lse = lse.data();
-  fp.mask = md.view;
-  fp.heads = B * H;
-  fp.H = H;
-  fp.Sq = Sq;
-  fp.Sk = Sk;
-  fp.D = D;
   fp.q_tiles = static_cast<int>((Sq + BR - 1) / BR);
-  fp.causal = c.causal;
-  fp.smul = static_cast<float>(scale * kLog2e);
-  fp.mask_mul = static_cast<float>(kLog2e);
   emu::launch(&attention_forward_mma_kernel<T16, D_PAD>, static_cast<unsigned>(fp.heads * fp.q_tiles), kThreads,
               mma_fwd_smem_bytes<D_PAD>(), fp);
 
@@ -100,27 +96,14 @@ void run(const Case& c, unsigned seed) {
               static_cast<const T16*>(o.data()), static_cast<const T16*>(dout.data()), delta.data(), rows, D);
   std::vector<float> dq(q.size(), 0.f);
   std::vector<T16> dk(k.size(), T16(777.f)), dv(v.size(), T16(777.f));
-  MmaBwdParams<T16> bp{};
-  bp.q = q.data();
-  bp.k = k.data();
-  bp.v = v.data();
+  MmaBwdParams<T16> bp{mma_common(dims, md.view, q.data(), k.data(), v.data())};
   bp.dout = dout.data();
   bp.lse = lse.data();
   bp.delta = delta.data();
   bp.dq = dq.data();
   bp.dk = dk.data();
   bp.dv = dv.data();
-  bp.mask = md.view;
-  bp.heads = B * H;
-  bp.H = H;
-  bp.Sq = Sq;
-  bp.Sk = Sk;
-  bp.D = D;
   bp.k_tiles = static_cast<int>((Sk + kMmaKeysPerBlock - 1) / kMmaKeysPerBlock);
-  bp.causal = c.causal;
-  bp.smul = static_cast<float>(scale * kLog2e);
-  bp.mask_mul = static_cast<float>(kLog2e);
-  bp.scale = static_cast<float>(scale);
   emu::launch(&attention_backward_mma_kernel<T16, D_PAD>, static_cast<unsigned>(bp.heads * bp.k_tiles), kThreads,
               mma_bwd_smem_bytes<D_PAD>(), bp);
 
