@@ -23,6 +23,7 @@
 #include "dualcast/dual.hpp"
 #include "dualcast/half.hpp"
 #include "dualcast/indexing.hpp"
+#include "dualcast/launch.hpp"
 #include "dualcast/parallel.hpp"
 #include "dualcast/kernels/call_args.cuh"
 #include "dualcast/kernels/broadcast_cpu.cuh"
@@ -569,6 +570,7 @@ inline constexpr int kBroadcastThreads = 256;
 template <class Body>
 __global__ void __launch_bounds__(kBroadcastThreads)
     broadcast_fast_kernel(const Body body, std::uint32_t chunks) {
+  chain_wait();  // launched chained (launch.hpp): nothing is read or written before this
   const std::uint32_t stride = gridDim.x * kBroadcastThreads;
   for (std::uint32_t c = blockIdx.x * kBroadcastThreads + threadIdx.x; c < chunks; c += stride)
     body.fast_chunk(c);
@@ -629,9 +631,8 @@ void launch_broadcast(Device device, const Body& body) {
   const std::int64_t wave =
       static_cast<std::int64_t>(multiprocessor_count(device)) * broadcast_blocks_per_sm<Body>();
   const auto blocks = static_cast<unsigned>(needed < wave ? needed : wave);
-  broadcast_fast_kernel<Body><<<blocks, kBroadcastThreads, 0, stream(device)>>>(
-      body, static_cast<std::uint32_t>(chunks));
-  DUALCAST_CUDA_CHECK_LAUNCH();
+  launch_chained(device, broadcast_fast_kernel<Body>, dim3(blocks), dim3(kBroadcastThreads), 0, stream(device), body,
+                 static_cast<std::uint32_t>(chunks));
 #else
   parallel_for(device, chunks, FastChunks<Body>{body});  // fails with the host-compiler message
 #endif

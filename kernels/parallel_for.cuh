@@ -1,4 +1,5 @@
-// parallel_for.cuh: the grid-stride CUDA kernel behind dualcast::parallel_for, and its launcher.
+// parallel_for.cuh: the grid-stride CUDA kernel behind dualcast::parallel_for, and its launcher
+// (a chained launch: launch.hpp).
 #pragma once
 
 #include <cstdint>
@@ -7,6 +8,7 @@
 
 #include "dualcast/device.hpp"
 #include "dualcast/error.hpp"
+#include "dualcast/launch.hpp"
 #include "dualcast/stream.hpp"
 
 namespace dualcast::detail {
@@ -15,6 +17,7 @@ inline constexpr int kBlockSize = 256;
 
 template <class Body>
 __global__ void __launch_bounds__(kBlockSize) parallel_for_kernel(std::int64_t n, Body body) {
+  chain_wait();  // launched chained (launch.hpp): nothing is read or written before this
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride)
@@ -32,8 +35,8 @@ inline unsigned grid_for(Device device, std::int64_t n, int blocks_per_sm = 8) {
 template <class Body>
 void launch_parallel_for(Device device, std::int64_t n, const Body& body) {
   DeviceGuard guard(device);
-  parallel_for_kernel<<<grid_for(device, n), kBlockSize, 0, stream(device)>>>(n, body);
-  DUALCAST_CUDA_CHECK_LAUNCH();
+  launch_chained(device, parallel_for_kernel<Body>, dim3(grid_for(device, n)), dim3(kBlockSize), 0, stream(device),
+                 n, body);
 }
 
 }  // namespace dualcast::detail

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "dualcast/error.hpp"
+#include "dualcast/launch.hpp"
 
 #if defined(__CUDACC__)
 #include <cooperative_groups.h>
@@ -198,6 +199,7 @@ struct SkinnyArgs {
 template <class B16, class SA, bool kTransB>
 __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(SkinnyArgs p) {
   extern __shared__ __align__(16) unsigned char smem[];
+  chain_wait();  // launched chained (dualcast/launch.hpp): nothing is read or written before this
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;  // the mma fragment's group and thread in group
   const int lq = lane / 8, lr = lane % 8;  // the ldmatrix matrix and row this lane addresses
@@ -376,13 +378,13 @@ void launch(Device device, dim3 grid, const SkinnyArgs& args, cudaStream_t s) {
   cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = kSmem<SA>;
   cfg.stream = s;
-  cudaLaunchAttribute attr[1];
+  cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = 1;
   attr[0].val.clusterDim.y = grid.y;
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = static_cast<unsigned>(add_chain_attribute(device, attr, 1));
   DUALCAST_CUDA_CHECK(cudaLaunchKernelEx(&cfg, skinny_gemm_kernel<B16, SA, kTransB>, args));
 }
 

@@ -7,6 +7,7 @@
 
 #include "blas.hpp"
 #include "dualcast/error.hpp"
+#include "dualcast/launch.hpp"
 #include "dualcast/stream.hpp"
 #include "memory_pool.hpp"
 
@@ -99,8 +100,10 @@ void Graph::capture_impl(Device device, std::function<void()> fn) {
   detail::DeviceGuard guard(device);
   const cudaStream_t s = detail::stream(device);
   // Everything created lazily on first use (the stream, the multiprocessor count, the cuBLAS handle
-  // and its workspace) is created now: creating it under capture would call unsafe APIs.
+  // and its workspace, whether launches are chained) is created now: creating it under capture would
+  // call unsafe APIs.
   (void)multiprocessor_count(device);
+  (void)chained_launches(device);
   detail::blas_prepare(device);
   cudaGetLastError();  // a stale error from earlier work must not be blamed on the capture
 

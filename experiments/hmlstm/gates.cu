@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "dualcast/error.hpp"
+#include "dualcast/launch.hpp"
 #include "dualcast/ops/linalg.hpp"
 #include "dualcast/ops/shape.hpp"
 #include "dualcast/precision.hpp"
@@ -127,6 +128,7 @@ constexpr int kRowThreads = 256;
 template <class T>
 __global__ void __launch_bounds__(kRowThreads)
     gate_input_backward_kernel(GateInputGrads a, std::int64_t H, std::int64_t K) {
+  detail::chain_wait();  // launched chained (dualcast/launch.hpp): nothing is touched before this
   const std::int64_t b = blockIdx.x;
   const T* row = static_cast<const T*>(a.dx) + b * K;
   const T* below = static_cast<const T*>(a.below);
@@ -176,8 +178,8 @@ void gate_input_backward(Device d, const GateInputGrads& a, std::int64_t B, std:
   if (d.is_cpu()) return cpu_gate_input_backward<T>(a, B, H, K);
 #if defined(__CUDACC__)
   detail::DeviceGuard guard(d);
-  gate_input_backward_kernel<T><<<static_cast<unsigned>(B), kRowThreads, 0, detail::stream(d)>>>(a, H, K);
-  DUALCAST_CUDA_CHECK_LAUNCH();
+  detail::launch_chained(d, gate_input_backward_kernel<T>, dim3(static_cast<unsigned>(B)), dim3(kRowThreads), 0,
+                         detail::stream(d), a, H, K);
 #else
   DUALCAST_FAIL("hmlstm gates on ", d.str(), ": this file was compiled without nvcc");
 #endif

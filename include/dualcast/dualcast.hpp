@@ -8,6 +8,7 @@
 #include "dualcast/dtype.hpp"
 #include "dualcast/shape.hpp"
 #include "dualcast/stream.hpp"
+#include "dualcast/launch.hpp"
 #include "dualcast/memory.hpp"
 #include "dualcast/graph.hpp"
 #include "dualcast/random.hpp"

@@ -1,0 +1,55 @@
+#!/bin/bash
+# The device calls of 2026-11-29 (fourth session). On the device machine, from the repository root:
+#   bash paper/measured/h200-2026-11-29d/run.sh chain   # builds what it runs, then: test_launch (chained
+#        # launches), test_matmul_rounded, the network tests; the captured workload-e step
+#        # (hmlstm_step_profile, mixed) in bf16 Autocast and float32 with chained launches off and on
+#   bash paper/measured/h200-2026-11-29d/run.sh attention   # (the build of `chain`, rebuilt if the machine
+#        # is fresh) test_attention_tensor_core, attention_bench --precision bf16 with PyTorch's SDPA
+# Each part's files go straight into $OUT (packed into a tarball at the end: the device returns few files).
+set -u
+part=${1:?chain}
+R=${OUT:-build/run}/$part
+mkdir -p "$R"
+nvidia-smi -L > "$R/gpus.txt"
+B=build/release
+P=$B/experiments/hmlstm/hmlstm_step_profile
+t0=$SECONDS
+build() {
+  echo "== build $*"
+  { cmake --preset release > "$R/configure.log" 2>&1 &&
+    cmake --build --preset release -j16 --target "$@" > "$R/build.log" 2>&1; } ||
+    { echo "build FAILED"; tail -30 "$R/build.log"; exit 1; }
+  echo "built in $((SECONDS - t0)) s"
+}
+gtest() {  # gtest BINARY TIMEOUT [FILTER]
+  local name; name=$(basename "$1")
+  timeout "$2" "$1" ${3:+--gtest_filter=$3} > "$R/$name.log" 2>&1
+  echo "$name rc=$? at $((SECONDS - t0)) s"
+  grep -E "^\[  (PASSED|FAILED)|FAILED  \]|SKIPPED \] [0-9]" "$R/$name.log" | head -12
+}
+if [ "$part" = chain ]; then
+  build test_launch test_matmul_rounded test_network hmlstm_step_profile
+  gtest $B/tests/test_launch 60
+  echo "== the captured step, chained launches off then on, twice (at $((SECONDS - t0)) s)"
+  for round in 1 2; do
+    for prec in bf16 fp32; do
+      for chain in 0 1; do
+        DUALCAST_CHAINED_LAUNCH=$chain timeout 60 $P --mode mixed --reps 30 \
+          $( [ $prec = bf16 ] && echo --autocast bf16 ) > "$R/step_${prec}_chain${chain}_$round.log" 2>&1
+        echo "$prec chained=$chain round $round rc=$?: $(grep -E 'step_ms' "$R/step_${prec}_chain${chain}_$round.log")"
+      done
+    done
+  done
+  gtest $B/tests/test_matmul_rounded 120
+  gtest $B/experiments/hmlstm/test_network 200
+fi
+if [ "$part" = attention ]; then
+  build test_attention_tensor_core attention_bench
+  gtest $B/tests/test_attention_tensor_core 100
+  echo "== attention_bench bf16 with PyTorch SDPA (at $((SECONDS - t0)) s)"
+  timeout 170 $B/experiments/transformer/attention_bench --precision bf16 --peers --reps 20 --warmup 3 \
+    --out "$R/bench_bf16" > "$R/bench_bf16.log" 2>&1
+  echo "rc=$? at $((SECONDS - t0)) s"; grep -E "validate\]|^ +[0-9]+ +[01] " "$R/bench_bf16.log" | tail -20
+  find "$R" -name validate -type d -prune -exec rm -rf {} +
+fi
+tar czf "${OUT:-build/run}/$part.tgz" -C "${OUT:-build/run}" "$part" && echo "packed $part.tgz"
