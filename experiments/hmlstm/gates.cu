@@ -27,6 +27,9 @@ struct LayerGates::Stack {
   Tensor x;   ///< [T*B, K]: block t holds step t's gate inputs
   Tensor ds;  ///< [T*B, G]: block t holds step t's gate adjoints (written by backward)
   std::vector<char> written, deposited;
+  /// Per step, the inputs (below, zb, h, z, above) an earlier cell_step's kernel wrote its gate
+  /// inputs from (all null: not written ahead).
+  std::vector<std::array<const void*, 5>> packed_from;
   std::int64_t B = 0;
   DType low = DType::float32;  // the products' autocast dtype (float32: plain matmul)
 };
@@ -354,23 +357,54 @@ DUALCAST_HD inline auto boundary(bool soft, auto sz, T a) {
   return BoundarySte{}(sz, a);
 }
 
-/// Forward: c', h' [B, H] from HmCell on plain numbers, z' [B, 1] from the boundary detector.
+/// Another layer-step's gate inputs for the cell kernel to write (NextInputs): x [B, K] in that
+/// layer's stack, `below` null for this cell's own h' times its own z', `above` null for a top layer.
+struct NextPack {
+  void* x = nullptr;  // null: nothing to write
+  std::int64_t K = 0;
+  const void* below = nullptr;
+  const void* zb = nullptr;
+  const void* h = nullptr;
+  const void* z = nullptr;
+  const void* above = nullptr;
+};
+
+/// Forward: c', h' [B, H] from HmCell on plain numbers, z' [B, 1] from the boundary detector; with
+/// n.x, also the row block X = [zb*below, h, z*above, 1, 0, 0, 0] of the next layer-step, the same
+/// numbers gate_inputs writes (a thread recomputes z' where it is the multiplier: the same function
+/// of the same numbers as the boundary column's).
 template <class T>
-void cell_forward(Device d, const CellArgs& a, T* c_out, T* h_out, T* z_out, std::int64_t B, std::int64_t H) {
+void cell_forward(Device d, const CellArgs& a, const NextPack& n, T* c_out, T* h_out, T* z_out, std::int64_t B,
+                  std::int64_t H) {
   const std::int64_t G = 4 * H + 1, W = H + 1;  // W: H cell columns and one boundary column per row
+  const std::int64_t kx = n.above ? 3 * H : 2 * H;  // the next inputs' column of ones
   parallel_for(d, B * W, [=] DUALCAST_HD(std::int64_t i) {
     const std::int64_t b = i / W, j = i - b * W;
     const T* s = static_cast<const T*>(a.s) + b * G;
+    T* x = n.x ? static_cast<T*>(n.x) + b * n.K : nullptr;
     if (j == H) {
       z_out[b] = boundary<T>(a.soft, s[4 * H], *static_cast<const T*>(a.slope));
+      if (x)
+        for (std::int64_t col = kx; col < n.K; ++col) x[col] = col == kx ? T(1) : T(0);
       return;
     }
     const std::int64_t e = b * H + j;
     const T zb = a.zbflag ? static_cast<const T*>(a.zbflag)[b] : T(1);
     const auto r = HmCell{}(static_cast<const T*>(a.zflag)[b], zb, static_cast<const T*>(a.c)[e],
                             static_cast<const T*>(a.h)[e], s[j], s[H + j], s[2 * H + j], s[3 * H + j]);
+    const T hn = std::get<1>(r);
     c_out[e] = std::get<0>(r);
-    h_out[e] = std::get<1>(r);
+    h_out[e] = hn;
+    if (!x) return;
+    if (!n.below) {
+      const T zn = boundary<T>(a.soft, s[4 * H], *static_cast<const T*>(a.slope));
+      x[j] = zn * hn;
+    } else {
+      const T v = static_cast<const T*>(n.below)[e];
+      x[j] = n.zb ? static_cast<const T*>(n.zb)[b] * v : v;
+    }
+    x[H + j] = static_cast<const T*>(n.h)[e];
+    if (n.above) x[2 * H + j] = static_cast<const T*>(n.z)[b] * static_cast<const T*>(n.above)[e];
   });
 }
 
@@ -482,6 +516,7 @@ LayerGates::LayerGates(const Var& wcat, std::int64_t T, std::int64_t B, std::int
     stack_->ds = Tensor::empty({T * B, G}, wcat.dtype(), wcat.device());
     stack_->written.assign(static_cast<std::size_t>(T), 0);
     stack_->deposited.assign(static_cast<std::size_t>(T), 0);
+    stack_->packed_from.assign(static_cast<std::size_t>(T), {});
     stack_->B = B;
     w_ = detail::record1(std::make_shared<StackNode>(stack_), {wcat}, wcat.value());
   } else {
@@ -528,13 +563,20 @@ LayerGates::StepValues LayerGates::products(std::int64_t t, const Var& below, co
   }
   const bool track = stack_ != nullptr && grad_enabled();
   Tensor x = track ? stack_->x.narrow(t * B, B) : Tensor::empty({B, K}, w.dtype(), d);
+  // Written ahead by the cell kernel before (cell_step's NextInputs) from these very inputs: done.
+  const std::array<const void*, 5> from = {v.below.raw_data(), ptr_or_null(v.zb), h.value().raw_data(),
+                                           ptr_or_null(v.z), ptr_or_null(v.above)};
+  const bool packed = track && stack_->packed_from[static_cast<std::size_t>(t)] == from;
+  if (track) stack_->packed_from[static_cast<std::size_t>(t)] = {};  // used once: no stale match later
   auto run = [&](auto tag) {
     using T = decltype(tag);
     auto p = [](const Tensor& u) { return u.defined() ? u.template data<T>() : nullptr; };
     gate_inputs<T>(d, x.data<T>(), B, H, K, v.below.data<T>(), p(v.zb), h.value().data<T>(), p(v.z), p(v.above));
   };
-  if (w.dtype() == DType::float32) run(float{});
-  else run(double{});
+  if (!packed) {
+    if (w.dtype() == DType::float32) run(float{});
+    else run(double{});
+  }
   if (track) stack_->written[static_cast<std::size_t>(t)] = 1;
   v.s = is_half(low_) ? matmul_rounded(x, wlow_, low_, false, /*trans_b=*/true) : matmul(x, w);  // [B, G]
   return v;
@@ -553,23 +595,70 @@ std::vector<Var> LayerGates::step(std::int64_t t, const Var& below, const Var& z
 
 std::vector<Var> LayerGates::cell_step(std::int64_t t, const Var& below, const Var& zb, const Var& h, const Var& z,
                                        const Var& h_above, const Var& c, const Tensor& zflag, const Tensor& zbflag,
-                                       const Tensor& slope, bool soft) {
+                                       const Tensor& slope, bool soft, const NextInputs& next) {
   const std::int64_t B = B_, H = H_;
   const Tensor& w = w_.value();
   check_input("c", c.value(), B, H, w);
   check_input("zflag", zflag, B, 1, w);
   if (zbflag.defined()) check_input("zbflag", zbflag, B, 1, w);
   check_input("slope", slope, 1, 1, w);
+  // The next layer-step's gate inputs, for this kernel to write (NextInputs): into a stack that
+  // records them, of this layer's dtype, device and sizes, from inputs checked as that step checks
+  // them, before any work is issued.
+  LayerGates* nl = next.layer != nullptr && next.layer->stack_ != nullptr && grad_enabled() ? next.layer : nullptr;
+  Tensor nb, nzb, nh, nz, na;
+  if (nl != nullptr) {
+    const Tensor& nw = nl->w_.value();
+    DUALCAST_CHECK(nw.dtype() == w.dtype() && nw.device() == w.device() && nl->B_ == B && nl->H_ == H &&
+                       next.t >= 0 && next.t < nl->T_,
+                   "LayerGates::cell_step: the next layer-step (step ", next.t, " of a layer of ", dtype_name(nw.dtype()),
+                   " on ", nw.device().str(), ", B=", nl->B_, ", H=", nl->H_, ", T=", nl->T_,
+                   ") does not match this one (", dtype_name(w.dtype()), " on ", w.device().str(), ", B=", B,
+                   ", H=", H, ")");
+    // Its stack block is read again by the weight gradient: a step that ran already keeps its inputs.
+    DUALCAST_CHECK(!nl->stack_->written[static_cast<std::size_t>(next.t)], "LayerGates::cell_step: the next ",
+                   "layer-step (step ", next.t, ") has run already; its gate inputs cannot be written again");
+    if (!next.from_this_cell) {
+      nb = next.below.value();
+      check_input("the next step's below", nb, B, H, nw);
+      if (next.zb.defined()) {
+        nzb = next.zb.value();
+        check_input("the next step's zb", nzb, B, 1, nw);
+      }
+    }
+    nh = next.h.value();
+    check_input("the next step's h", nh, B, H, nw);
+    if (nl->has_above_) {
+      nz = next.z.value();
+      na = next.h_above.value();
+      check_input("the next step's z", nz, B, 1, nw);
+      check_input("the next step's h_above", na, B, H, nw);
+    }
+  }
   const StepValues v = products(t, below, zb, h, z, h_above);
   const Device d = v.s.device();
   const DType dt = v.s.dtype();
   const CellArgs args{v.s.raw_data(), c.value().raw_data(), h.value().raw_data(), zflag.raw_data(),
                       zbflag.defined() ? zbflag.raw_data() : nullptr, slope.raw_data(), soft};
   std::vector<Tensor> outs = {Tensor::empty({B, H}, dt, d), Tensor::empty({B, H}, dt, d), Tensor::empty({B, 1}, dt, d)};
+  NextPack pack;
+  if (nl != nullptr) {
+    const Tensor own_h = next.from_this_cell ? outs[1] : nb;
+    const Tensor own_z = next.from_this_cell ? outs[2] : nzb;
+    pack.x = nl->stack_->x.narrow(next.t * B, B).raw_data();
+    pack.K = nl->w_.value().shape()[0];
+    pack.below = next.from_this_cell ? nullptr : nb.raw_data();
+    pack.zb = next.from_this_cell ? nullptr : ptr_or_null(nzb);
+    pack.h = nh.raw_data();
+    pack.z = ptr_or_null(nz);
+    pack.above = ptr_or_null(na);
+    nl->stack_->packed_from[static_cast<std::size_t>(next.t)] = {own_h.raw_data(), ptr_or_null(own_z), nh.raw_data(),
+                                                                 ptr_or_null(nz), ptr_or_null(na)};
+  }
   if (dt == DType::float32)
-    cell_forward<float>(d, args, outs[0].data<float>(), outs[1].data<float>(), outs[2].data<float>(), B, H);
+    cell_forward<float>(d, args, pack, outs[0].data<float>(), outs[1].data<float>(), outs[2].data<float>(), B, H);
   else
-    cell_forward<double>(d, args, outs[0].data<double>(), outs[1].data<double>(), outs[2].data<double>(), B, H);
+    cell_forward<double>(d, args, pack, outs[0].data<double>(), outs[1].data<double>(), outs[2].data<double>(), B, H);
   if (stack_ == nullptr || !grad_enabled()) return {outs.begin(), outs.end()};
   // The node keeps what `args` points into: the gates, c, h, the flags and the slope.
   auto node = std::make_shared<FusedCellNode>(stack_, t, H, v.s, args,

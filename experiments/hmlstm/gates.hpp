@@ -26,7 +26,10 @@
 // cell (HmCell) and the boundary detector (BoundarySte / BoundarySoft) on the product, plain numbers
 // forward and dual numbers backward, in one kernel each way, so a layer-step is 3 kernels forward
 // (gate inputs, product, cell) and 3 backward (cell, product, gate inputs) instead of 5 and 5 (the
-// split, the two broadcasts and the adjoint packing are gone; tests: FusedCellStep*).
+// split, the two broadcasts and the adjoint packing are gone; tests: FusedCellStep*). Given the next
+// layer-step's inputs (NextInputs), its kernel also writes that step's gate inputs into the other
+// layer's stack, so the next step runs no gate-input kernel: 2 kernels per layer-step forward. The
+// next step checks that it is called with the inputs that were written, and packs them itself if not.
 //
 // Under Autocast (a float32 layer built while an Autocast guard is active) every product of the layer
 // rounds its operands to the autocast dtype and sums in float32 (matmul_rounded, ops/linalg.hpp):
@@ -50,6 +53,18 @@ namespace hmlstm {
 dualcast::Var stacked_gate_weights(const dualcast::Var& W, const dualcast::Var& U, const dualcast::Var& Td,
                                    const dualcast::Var& b);
 
+class LayerGates;
+
+/// Another layer-step's gate inputs, for cell_step to write in its own kernel (see the file comment).
+/// from_this_cell: the bottom-up input and its multiplier are this cell's h' and z' (the next layer,
+/// same step); otherwise they are `below` and `zb` (undefined: 1). h, z, h_above as in step().
+struct NextInputs {
+  LayerGates* layer = nullptr;  // null: none
+  std::int64_t t = 0;
+  bool from_this_cell = false;
+  dualcast::Var below, zb, h, z, h_above;
+};
+
 /// One layer's gate products for steps 0..T-1 over batches of B rows (see the file comment).
 class LayerGates {
  public:
@@ -68,12 +83,14 @@ class LayerGates {
   /// one node: returns (c', h', z'). Forward: gate inputs, product, one kernel for the cell and the
   /// boundary on plain numbers. Backward: one kernel evaluates both again on dual numbers and writes
   /// the gate adjoints straight into the stack (and c's and h's gradients), then the product and the
-  /// gate inputs' kernel. 3 kernels each way instead of the 5 of step() + two broadcasts.
+  /// gate inputs' kernel. 3 kernels each way instead of the 5 of step() + two broadcasts. With
+  /// `next`, the forward kernel also writes next.layer's gate inputs of step next.t (file comment):
+  /// only while gradients are recorded, into a layer of the same dtype and device.
   std::vector<dualcast::Var> cell_step(std::int64_t t, const dualcast::Var& below, const dualcast::Var& zb,
                                        const dualcast::Var& h, const dualcast::Var& z,
                                        const dualcast::Var& h_above, const dualcast::Var& c,
                                        const dualcast::Tensor& zflag, const dualcast::Tensor& zbflag,
-                                       const dualcast::Tensor& slope, bool soft);
+                                       const dualcast::Tensor& slope, bool soft, const NextInputs& next = {});
 
   struct Stack;
 
@@ -83,7 +100,8 @@ class LayerGates {
   struct StepValues {
     dualcast::Tensor s, below, zb, z, above;
   };
-  /// Checks the inputs, writes step t's gate inputs into the stack (or a fresh buffer) and multiplies.
+  /// Checks the inputs, writes step t's gate inputs into the stack (or a fresh buffer; not when an
+  /// earlier cell_step wrote these very inputs already) and multiplies.
   StepValues products(std::int64_t t, const dualcast::Var& below, const dualcast::Var& zb, const dualcast::Var& h,
                       const dualcast::Var& z, const dualcast::Var& h_above);
 

@@ -246,9 +246,19 @@ Var HmlstmNetwork::loss(const Tensor& tokens_in) {
       if (fused) {
         // Mixed mode, recomputed partials: the gates, the cell and the boundary detector of the
         // layer-step in one node, 3 kernels forward and 3 backward instead of 5 and 5 (gates.hpp).
+        // Its kernel also writes the gate inputs of the layer-step after it: the layer above at
+        // this step (bottom-up: this cell's h' and z'), or after the top layer layer 0 at the next
+        // step (whose inputs all exist by now), which then runs no gate-input kernel.
+        NextInputs next;
+        if (config_.cell_writes_next_inputs && l < 2) {
+          next = {&layer_gates[static_cast<std::size_t>(l) + 1], t, true, Var(), Var(), h[l + 1],
+                  l + 1 < 2 ? z[l + 1] : Var(), l + 1 < 2 ? h[l + 2] : Var()};
+        } else if (config_.cell_writes_next_inputs && t + 1 < T) {
+          next = {&layer_gates[0], t + 1, false, embs[static_cast<std::size_t>(t) + 1], Var(), nh[0], nz[0], nh[1]};
+        }
         const std::vector<Var> out = layer_gates[static_cast<std::size_t>(l)].cell_step(
             t, below, l > 0 ? nz[l - 1] : Var(), h[l], l < 2 ? z[l] : Var(), l < 2 ? h[l + 1] : Var(), c[l], zflag,
-            l == 0 ? Tensor() : zbflag, slope_, config_.soft_boundary);
+            l == 0 ? Tensor() : zbflag, slope_, config_.soft_boundary, next);
         nc[l] = out[0];
         nh[l] = out[1];
         nz[l] = out[2];

@@ -139,6 +139,11 @@ struct NetworkConfig {
   /// instead of 5 and 5 (default). false: the gates as Vars and the cell and boundary as two library
   /// broadcasts (kept to check that both agree, and to time them: --unfused-cell).
   bool fused_cell = true;
+  /// With fused_cell: each layer-step's cell kernel also writes the gate inputs of the layer-step
+  /// after it (gates.hpp, NextInputs), so those run no gate-input kernel: 2 kernels forward per layer
+  /// and step instead of 3 (default). false: each step packs its own (to check both agree, and to
+  /// time them).
+  bool cell_writes_next_inputs = true;
   /// bfloat16 or float16: loss() runs the forward under Autocast(autocast) (precision.hpp): every
   /// product rounds its operands to that dtype and sums in float32 (the gates: gates.hpp; the
   /// embedding and output layers: Autocast's matmul, their results cast back to float32), while the

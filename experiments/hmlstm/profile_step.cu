@@ -3,6 +3,8 @@
 //
 //   hmlstm_step_profile [--mode mixed|reverse] [--hidden H] [--batch B] [--seq T] [--reps N] [--profile]
 //                       [--unfused-cell]   (NetworkConfig::fused_cell = false: the cell as library broadcasts)
+//                       [--own-inputs]     (NetworkConfig::cell_writes_next_inputs = false: each layer-step
+//                                           runs its own gate-input kernel)
 //                       [--autocast bf16|fp16]  (NetworkConfig::autocast: the products under Autocast)
 //
 // Captures one SGD training step (CapturedStep: forward over T steps, BPTT, update), validates it
@@ -37,6 +39,7 @@ struct Options {
   int hidden = 512, batch = 64, seq = 100, reps = 20;
   bool profile = false;
   bool fused_cell = true;
+  bool next_inputs = true;
   std::string autocast;  // "", bf16 or fp16
 };
 
@@ -79,6 +82,9 @@ int main(int argc, char** argv) {
       } else if (a == "--unfused-cell") {
         args.no_value();
         o.fused_cell = false;
+      } else if (a == "--own-inputs") {
+        args.no_value();
+        o.next_inputs = false;
       } else if (a == "--autocast") {
         o.autocast = args.value();
         if (o.autocast != "bf16" && o.autocast != "fp16") throw dcexp::cli::UsageError("--autocast: bf16 or fp16");
@@ -106,6 +112,7 @@ int main(int argc, char** argv) {
     cfg.device = dualcast::Device::cuda(0);
     cfg.mode = hmlstm::parse_cell_mode(o.mode);
     cfg.fused_cell = o.fused_cell;
+    cfg.cell_writes_next_inputs = o.next_inputs;
     if (!o.autocast.empty())
       cfg.autocast = o.autocast == "bf16" ? dualcast::DType::bfloat16 : dualcast::DType::float16;
     std::vector<dualcast::Tensor> batches;

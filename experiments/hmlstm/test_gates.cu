@@ -203,6 +203,91 @@ TEST_P(GatesTest, FusedCellStepOfTheTopLayerWithOneOutputUsedAndTwoStepsChained)
   }
 }
 
+// A cell kernel that also writes the next step's gate inputs (NextInputs: this cell's h' times its z'
+// bottom-up), against finite differences: the next step called with exactly those inputs (it runs
+// no gate-input kernel) and with another h (it must pack its own, or its gradients would not match).
+TEST_P(GatesTest, FusedCellStepWritingTheNextStepsInputsKeepsItsGradients) {
+  const Device d = GetParam();
+  DUALCAST_SKIP_IF_UNAVAILABLE(d);
+  const std::int64_t G = 4 * kH + 1;
+  const Flags fl = branch_flags(d);
+  const Tensor slope = Tensor::full({1, 1}, 0.9, DType::float64, d);
+  const Tensor z1 = Tensor::from_vector<double>({kB, 1}, {0, 1, 0}, d);
+  for (bool as_written : {true, false}) {
+    auto f = [&](const std::vector<Var>& x) {
+      LayerGates gates(x[3], 2, kB, kH, /*has_above=*/false);
+      const NextInputs next{&gates, 1, /*from_this_cell=*/true, Var(), Var(), x[1], Var(), Var()};
+      const std::vector<Var> o =
+          gates.cell_step(0, x[0], Var(), x[1], Var(), Var(), x[2], fl.z, Tensor(), slope, true, next);
+      const std::vector<Var> p =
+          gates.cell_step(1, o[1], o[2], as_written ? x[1] : x[2], Var(), Var(), o[0], z1, fl.zb, slope, true);
+      return sum(p[1] * p[1]) + sum(p[0] * p[2]);
+    };
+    const std::vector<Tensor> in = {
+        Tensor::uniform({kB, kH}, d, 181, -1.0, 1.0, DType::float64),
+        Tensor::uniform({kB, kH}, d, 182, -1.0, 1.0, DType::float64),
+        Tensor::uniform({kB, kH}, d, 183, -1.0, 1.0, DType::float64),
+        Tensor::uniform({2 * kH + 4, G}, d, 184, -0.5, 0.5, DType::float64)};
+    const GradCheckResult r = check_gradients(f, in);
+    EXPECT_TRUE(r.ok) << (as_written ? "as written: " : "other inputs: ") << r.message;
+  }
+}
+
+// The network with each cell kernel writing the next layer-step's gate inputs against the network
+// whose steps pack their own: the same numbers (the same products of the same values), so the same
+// loss and gradients bit for bit, STE and soft boundary, float64 and float32.
+TEST_P(GatesTest, CellWritingTheNextInputsChangesNoLossOrGradient) {
+  const Device d = GetParam();
+  DUALCAST_SKIP_IF_UNAVAILABLE(d);
+  for (DType dt : {DType::float64, DType::float32})
+    for (bool soft : {false, true}) {
+      NetworkConfig a = tiny(d, dt, CellMode::mixed);
+      a.hidden = 16;
+      a.batch = 6;
+      a.seq = 9;
+      a.soft_boundary = soft;
+      NetworkConfig b = a;
+      b.cell_writes_next_inputs = false;
+      const Tensor tokens = random_tokens(a.seq, a.batch, a.vocab, 39);
+      HmlstmNetwork na(a), nb(b);
+      nb.load_params_from(na);
+      Var la = na.loss(tokens), lb = nb.loss(tokens);
+      la.backward();
+      lb.backward();
+      const std::string what = std::string(soft ? "soft " : "ste ") + dtype_name(dt);
+      EXPECT_EQ(la.value().to_vector<double>(), lb.value().to_vector<double>()) << what;
+      const auto names = na.param_names();
+      for (std::size_t k = 0; k < names.size(); ++k)
+        EXPECT_EQ(na.params()[k].grad().to_vector<double>(), nb.params()[k].grad().to_vector<double>())
+            << what << " " << names[k];
+    }
+}
+
+// The next layer-step's inputs are checked as that step checks its own: a wrong one is an Error
+// naming it, and the gates keep working.
+TEST_P(GatesTest, FusedCellStepRejectsNextInputsOfTheWrongShape) {
+  const Device d = GetParam();
+  DUALCAST_SKIP_IF_UNAVAILABLE(d);
+  const std::int64_t K = 2 * kH + 4, G = 4 * kH + 1;
+  const Flags fl = branch_flags(d);
+  const Tensor slope = Tensor::full({1, 1}, 1.0, DType::float64, d);
+  auto u = [&](const Shape& s, std::uint64_t seed) { return Var(Tensor::uniform(s, d, seed, -1.0, 1.0, DType::float64)); };
+  LayerGates gates(Var::param(Tensor::uniform({K, G}, d, 191, -0.5, 0.5, DType::float64)), 2, kB, kH, false);
+  const Var bh = u({kB, kH}, 192);
+  const NextInputs bad{&gates, 1, true, Var(), Var(), u({kB, kH + 1}, 193), Var(), Var()};
+  try {
+    gates.cell_step(0, bh, Var(), bh, Var(), Var(), bh, fl.z, Tensor(), slope, false, bad);
+    ADD_FAILURE() << "no Error for a next h of the wrong shape";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the next step's h"), std::string::npos) << e.what();
+  }
+  const NextInputs late{&gates, 2, true, Var(), Var(), bh, Var(), Var()};  // step 2 of a 2-step layer
+  EXPECT_THROW(gates.cell_step(0, bh, Var(), bh, Var(), Var(), bh, fl.z, Tensor(), slope, false, late), Error);
+  EXPECT_EQ(gates.cell_step(0, bh, Var(), bh, Var(), Var(), bh, fl.z, Tensor(), slope, false).size(), 3u);
+  const NextInputs again{&gates, 0, true, Var(), Var(), bh, Var(), Var()};  // step 0 has run
+  EXPECT_THROW(gates.cell_step(1, bh, Var(), bh, Var(), Var(), bh, fl.z, Tensor(), slope, false, again), Error);
+}
+
 // Misuse is an error naming the input, and the gates keep working afterwards.
 TEST_P(GatesTest, FusedCellStepRejectsInputsOfTheWrongShapeOrLayout) {
   const Device d = GetParam();

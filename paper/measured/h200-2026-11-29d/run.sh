@@ -3,6 +3,9 @@
 #   bash paper/measured/h200-2026-11-29d/run.sh chain   # builds what it runs, then: test_launch (chained
 #        # launches), test_matmul_rounded, the network tests; the captured workload-e step
 #        # (hmlstm_step_profile, mixed) in bf16 Autocast and float32 with chained launches off and on
+#   bash paper/measured/h200-2026-11-29d/run.sh next   # builds what it runs, then: test_launch, the network
+#        # tests; the captured workload-e step (mixed) in bf16 Autocast and float32: chained launches off,
+#        # on, and on with each cell kernel writing the next layer-step's gate inputs (twice each)
 #   bash paper/measured/h200-2026-11-29d/run.sh attention   # (the build of `chain`, rebuilt if the machine
 #        # is fresh) test_attention_tensor_core, attention_bench --precision bf16 with PyTorch's SDPA
 # Each part's files go straight into $OUT (packed into a tarball at the end: the device returns few files).
@@ -42,6 +45,24 @@ if [ "$part" = chain ]; then
   done
   gtest $B/tests/test_matmul_rounded 120
   gtest $B/experiments/hmlstm/test_network 200
+fi
+if [ "$part" = next ]; then
+  build test_launch test_network hmlstm_step_profile
+  gtest $B/tests/test_launch 60
+  grep -E "^chained launches" "$R/test_launch.log"
+  gtest $B/experiments/hmlstm/test_network 200
+  echo "== the captured step (at $((SECONDS - t0)) s)"
+  for round in 1 2; do
+    for prec in bf16 fp32; do
+      for v in "0 --own-inputs" "1 --own-inputs" "1"; do
+        set -- $v
+        name=step_${prec}_chain$1${2:+_own}_$round
+        DUALCAST_CHAINED_LAUNCH=$1 timeout 60 $P --mode mixed --reps 30 ${2:-} \
+          $( [ $prec = bf16 ] && echo --autocast bf16 ) > "$R/$name.log" 2>&1
+        echo "$prec chained=$1 ${2:-next-inputs} round $round rc=$?: $(grep -E 'step_ms' "$R/$name.log" | cut -d' ' -f1-5)"
+      done
+    done
+  done
 fi
 if [ "$part" = attention ]; then
   build test_attention_tensor_core attention_bench
