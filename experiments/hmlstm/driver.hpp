@@ -44,6 +44,7 @@ struct Options {
   std::vector<int> arity{1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
   int reps = -1, warmup = -1;
   int e_hidden = -1, e_batch = -1, e_seq = -1, e_reps = -1, train_steps = -1;
+  int train_seed = 1;  ///< --train-seed: the training run's parameters (seed S) and minibatches (6 + S)
   int max_sets = 16;
   bool graphs = true;
   bool fused_cell = true;  ///< workload e: NetworkConfig::fused_cell (--unfused-cell: false)

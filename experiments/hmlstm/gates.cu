@@ -25,12 +25,16 @@ using namespace dualcast;
 
 struct LayerGates::Stack {
   Tensor x;   ///< [T*B, K]: block t holds step t's gate inputs
-  Tensor ds;  ///< [T*B, G]: block t holds step t's gate adjoints (written by backward)
+  /// [T*B, Gs]: block t holds step t's gate adjoints (written by backward). Gs = G and the layer's
+  /// dtype, or under Autocast the autocast dtype with Gs = G rounded up to 8 (columns past G stay
+  /// zero): the products round dS to that dtype anyway, and 16-byte rows let the skinny kernel
+  /// copy dS_t in 16-byte chunks (at G = 2049 float32 rows it could only take 4).
+  Tensor ds;
   std::vector<char> written, deposited;
   /// Per step, the inputs (below, zb, h, z, above) an earlier cell_step's kernel wrote its gate
   /// inputs from (all null: not written ahead).
   std::vector<std::array<const void*, 5>> packed_from;
-  std::int64_t B = 0;
+  std::int64_t B = 0, G = 0;
   DType low = DType::float32;  // the products' autocast dtype (float32: plain matmul)
 };
 
@@ -54,16 +58,17 @@ void gate_inputs(Device d, T* x, std::int64_t B, std::int64_t H, std::int64_t K,
   });
 }
 
-/// Packs the five gate adjoints (f, i, o, g: [B, H]; s_z: [B, 1]; null = zero) into dS [B, 4H+1].
-template <class T>
-void pack_adjoints(Device d, T* ds, std::int64_t B, std::int64_t H, const T* a0, const T* a1,
+/// Packs the five gate adjoints (f, i, o, g: [B, H]; s_z: [B, 1]; null = zero) into dS [B, gs]
+/// (TS: the stack's dtype; the columns past 4H+1 of a padded stack get zeros).
+template <class T, class TS>
+void pack_adjoints(Device d, TS* ds, std::int64_t gs, std::int64_t B, std::int64_t H, const T* a0, const T* a1,
                    const T* a2, const T* a3, const T* a4) {
   const std::int64_t G = 4 * H + 1;
-  parallel_for(d, B * G, [=] DUALCAST_HD(std::int64_t i) {
-    const std::int64_t b = i / G, c = i - b * G;
+  parallel_for(d, B * gs, [=] DUALCAST_HD(std::int64_t i) {
+    const std::int64_t b = i / gs, c = i - b * gs;
     const std::int64_t piece = c / H < 4 ? c / H : 4;
     const T* a = piece == 0 ? a0 : piece == 1 ? a1 : piece == 2 ? a2 : piece == 3 ? a3 : a4;
-    ds[i] = a ? (piece < 4 ? a[b * H + (c - piece * H)] : a[b]) : T(0);
+    ds[i] = TS(a && c < G ? (piece < 4 ? a[b * H + (c - piece * H)] : a[b]) : T(0));
   });
 }
 
@@ -284,6 +289,7 @@ class StackNode final : public Node {
     }
     Tensor dw = is_half(s.low) ? matmul_rounded(s.x, s.ds, s.low, /*trans_a=*/true)
                                : matmul(s.x, s.ds, /*trans_a=*/true, /*trans_b=*/false);
+    if (dw.shape()[1] != s.G) dw = slice(dw, 1, 0, s.G);  // the zero columns of a padded dS
     detail::accumulate_grad(*inputs[0], std::move(dw), /*owned=*/true);
     if (grad_outputs[0].defined()) detail::accumulate_grad(*inputs[0], grad_outputs[0], false);
   }
@@ -306,21 +312,25 @@ class GateNode final : public Node {
     const std::int64_t B = s.B, H = H_;
     Tensor ds = s.ds.narrow(t_ * B, B);
     const Device d = ds.device();
+    const DType dt = below_.dtype();  // the layer's dtype (the stack's may be the autocast one)
     auto p = [&](std::size_t m) { return g[m].defined() ? g[m].raw_data() : nullptr; };
-    if (ds.dtype() == DType::float32)
-      pack_adjoints<float>(d, ds.data<float>(), B, H, static_cast<const float*>(p(0)),
-                           static_cast<const float*>(p(1)), static_cast<const float*>(p(2)),
-                           static_cast<const float*>(p(3)), static_cast<const float*>(p(4)));
-    else
-      pack_adjoints<double>(d, ds.data<double>(), B, H, static_cast<const double*>(p(0)),
-                            static_cast<const double*>(p(1)), static_cast<const double*>(p(2)),
-                            static_cast<const double*>(p(3)), static_cast<const double*>(p(4)));
+    auto pack = [&](auto tag, auto stag) {
+      using T = decltype(tag);
+      using TS = decltype(stag);
+      pack_adjoints<T, TS>(d, static_cast<TS*>(ds.raw_data()), ds.shape()[1], B, H, static_cast<const T*>(p(0)),
+                           static_cast<const T*>(p(1)), static_cast<const T*>(p(2)), static_cast<const T*>(p(3)),
+                           static_cast<const T*>(p(4)));
+    };
+    if (ds.dtype() == DType::bfloat16) pack(float{}, bfloat16{});
+    else if (ds.dtype() == DType::float16) pack(float{}, float16{});
+    else if (dt == DType::float32) pack(float{}, float{});
+    else pack(double{}, double{});
     s.deposited[static_cast<std::size_t>(t_)] = 1;
     bool any = false;
     for (std::size_t k = 0; k < 5; ++k) any = any || inputs[k] != nullptr;
     if (!any) return;
     const Slots slots = gate_input_slots(B, H, above_.defined());
-    std::vector<Target> tg = make_targets(*this, slots, ds.dtype(), d);
+    std::vector<Target> tg = make_targets(*this, slots, dt, d);
     gate_inputs_backward(ds, w_, below_, zb_, z_, above_, tg, B, H);
     finish_targets(*this, slots, tg);
   }
@@ -411,18 +421,19 @@ void cell_forward(Device d, const CellArgs& a, const NextPack& n, T* c_out, T* h
 /// Backward: the same evaluated on dual numbers (partials by c, h, f, i, o, g; by s_z), times the
 /// incoming adjoints (null: zero). Writes the gate adjoints into ds [B, G] and c's and h's gradients
 /// (each starting from its `old`, which may be the output itself).
-template <class T>
-void cell_backward(Device d, const CellArgs& a, const T* gc, const T* gh, const T* gz, T* ds, T* dc,
+template <class T, class TS>
+void cell_backward(Device d, const CellArgs& a, const T* gc, const T* gh, const T* gz, TS* ds, std::int64_t gs, T* dc,
                    const T* old_c, T* dh, const T* old_h, std::int64_t B, std::int64_t H) {
   const std::int64_t G = 4 * H + 1, W = H + 1;
   parallel_for(d, B * W, [=] DUALCAST_HD(std::int64_t i) {
     using dualcast::Dual;
     const std::int64_t b = i / W, j = i - b * W;
     const T* s = static_cast<const T*>(a.s) + b * G;
-    T* dsr = ds + b * G;
+    TS* dsr = ds + b * gs;
     if (j == H) {
       const auto zt = boundary<T>(a.soft, Dual<T, 1>::variable(s[4 * H], 0), *static_cast<const T*>(a.slope));
-      dsr[4 * H] = gz ? gz[b] * zt.d[0] : T(0);
+      dsr[4 * H] = TS(gz ? gz[b] * zt.d[0] : T(0));
+      for (std::int64_t col = G; col < gs; ++col) dsr[col] = TS(0);  // a padded stack's zero columns
       return;
     }
     const std::int64_t e = b * H + j;
@@ -434,10 +445,10 @@ void cell_backward(Device d, const CellArgs& a, const T* gc, const T* gh, const 
     const T ac = gc ? gc[e] : T(0), ah = gh ? gh[e] : T(0);
     T g[6];
     for (int k = 0; k < 6; ++k) g[k] = ac * std::get<0>(r).d[k] + ah * std::get<1>(r).d[k];
-    dsr[j] = g[2];
-    dsr[H + j] = g[3];
-    dsr[2 * H + j] = g[4];
-    dsr[3 * H + j] = g[5];
+    dsr[j] = TS(g[2]);
+    dsr[H + j] = TS(g[3]);
+    dsr[2 * H + j] = TS(g[4]);
+    dsr[3 * H + j] = TS(g[5]);
     if (dc) dc[e] = old_c ? old_c[e] + g[0] : g[0];
     if (dh) dh[e] = old_h ? old_h[e] + g[1] : g[1];
   });
@@ -456,20 +467,23 @@ class FusedCellNode final : public Node {
     const std::int64_t B = s.B, H = H_;
     Tensor ds = s.ds.narrow(t_ * B, B);
     const Device d = ds.device();
-    const DType dt = ds.dtype();
+    const DType dt = gates_.dtype();  // the layer's dtype (the stack's may be the autocast one)
     const bool has_above = above_.defined();
     Slots slots = gate_input_slots(B, H, has_above);
     slots.emplace_back(6, Shape{B, H});  // c
     std::vector<Target> tg = make_targets(*this, slots, dt, d);
-    auto run = [&](auto tag) {
+    auto run = [&](auto tag, auto stag) {
       using T = decltype(tag);
+      using TS = decltype(stag);
       auto p = [&](std::size_t m) { return g[m].defined() ? g[m].template data<T>() : nullptr; };
-      cell_backward<T>(d, cell_, p(0), p(1), p(2), ds.data<T>(), static_cast<T*>(tg[6].out()),
-                       static_cast<const T*>(tg[6].old), static_cast<T*>(tg[2].out()), static_cast<const T*>(tg[2].old),
-                       B, H);
+      cell_backward<T, TS>(d, cell_, p(0), p(1), p(2), static_cast<TS*>(ds.raw_data()), ds.shape()[1],
+                           static_cast<T*>(tg[6].out()), static_cast<const T*>(tg[6].old), static_cast<T*>(tg[2].out()),
+                           static_cast<const T*>(tg[2].old), B, H);
     };
-    if (dt == DType::float32) run(float{});
-    else run(double{});
+    if (ds.dtype() == DType::bfloat16) run(float{}, bfloat16{});
+    else if (ds.dtype() == DType::float16) run(float{}, float16{});
+    else if (dt == DType::float32) run(float{}, float{});
+    else run(double{}, double{});
     s.deposited[static_cast<std::size_t>(t_)] = 1;
     if (tg[2].buf.defined()) tg[2].old = tg[2].buf.raw_data();  // h's gradient now holds the cell's part
     bool any = false;
@@ -510,21 +524,27 @@ LayerGates::LayerGates(const Var& wcat, std::int64_t T, std::int64_t B, std::int
   const std::int64_t K = (has_above ? 3 : 2) * H + 4, G = 4 * H + 1;
   DUALCAST_CHECK(wcat.shape() == (Shape{K, G}), "LayerGates: weights of shape ", wcat.shape().str(),
                  " do not match H=", H, " (expected [", K, ", ", G, "])");
+  // Under Autocast the adjoint stack is 16-bit with rows padded to 16 bytes (Stack::ds), and so the
+  // backward's weight Wcat^T gets as many zero rows.
+  const bool autocast = autocast_enabled() && wcat.dtype() == DType::float32;
+  const std::int64_t gs = autocast ? (G + 7) / 8 * 8 : G;
   if (grad_enabled() && wcat.requires_grad()) {
     stack_ = std::make_shared<Stack>();
     stack_->x = Tensor::empty({T * B, K}, wcat.dtype(), wcat.device());
-    stack_->ds = Tensor::empty({T * B, G}, wcat.dtype(), wcat.device());
+    stack_->ds = Tensor::empty({T * B, gs}, gs == G ? wcat.dtype() : autocast_dtype(), wcat.device());
     stack_->written.assign(static_cast<std::size_t>(T), 0);
     stack_->deposited.assign(static_cast<std::size_t>(T), 0);
     stack_->packed_from.assign(static_cast<std::size_t>(T), {});
     stack_->B = B;
+    stack_->G = G;
     w_ = detail::record1(std::make_shared<StackNode>(stack_), {wcat}, wcat.value());
   } else {
     w_ = Var(wcat.value());
   }
-  if (autocast_enabled() && wcat.dtype() == DType::float32) {
+  if (autocast) {
     low_ = autocast_dtype();
-    wlow_ = transpose(wcat.value().to(low_));  // [G, K]: rounded once for the T steps
+    const Tensor wt = transpose(wcat.value().to(low_));  // [G, K]: rounded once for the T steps
+    wlow_ = gs == G ? wt : concat({wt, Tensor::zeros({gs - G, K}, low_, wt.device())}, 0);  // [gs, K]
     if (stack_) stack_->low = low_;
   }
 }
@@ -578,7 +598,8 @@ LayerGates::StepValues LayerGates::products(std::int64_t t, const Var& below, co
     else run(double{});
   }
   if (track) stack_->written[static_cast<std::size_t>(t)] = 1;
-  v.s = is_half(low_) ? matmul_rounded(x, wlow_, low_, false, /*trans_b=*/true) : matmul(x, w);  // [B, G]
+  v.s = is_half(low_) ? matmul_rounded(x, wlow_.narrow(0, 4 * H + 1), low_, false, /*trans_b=*/true)
+                      : matmul(x, w);  // [B, G]
   return v;
 }
 

@@ -51,6 +51,8 @@ Options:
   --train-steps N          steps of the training run (default: GPU 300, CPU 40; 0 skips it); the
                            mixed-mode run is also replayed from a capture and must give the eager
                            run's bits/char curve (to 1e-6)
+  --train-seed S           the training run's initial parameters (seed S) and minibatch order
+                           (seed 6 + S); default 1, the published curves' (to compare seeds)
   --no-graphs              skip the captured variants (mixed_graph, reverse_graph, captured training)
   --unfused-cell           workload e: the gates as Vars and the cell and boundary detector as two
                            library broadcasts (NetworkConfig::fused_cell = false), to time against
@@ -170,6 +172,8 @@ Options parse_args(int argc, char** argv) {
       o.e_reps = static_cast<int>(parse_int(a, value(), 1, 100000));
     } else if (a == "--train-steps") {
       o.train_steps = static_cast<int>(parse_int(a, value(), 0, 10000000));
+    } else if (a == "--train-seed") {
+      o.train_seed = static_cast<int>(parse_int(a, value(), 1, 1000000));
     } else if (a == "--no-graphs") {
       flag();
       o.graphs = false;

@@ -118,6 +118,8 @@ WorkloadE run_workload_e(const Options& o, dualcast::Device device, Results& res
     tc.net = cfg;
     tc.net.mode = hmlstm::CellMode::mixed;
     tc.steps = o.train_steps;
+    tc.net.seed = static_cast<std::uint64_t>(o.train_seed);
+    tc.data_seed = static_cast<std::uint64_t>(6 + o.train_seed);
     tc.log_every = std::max(1, o.train_steps / 12);
     log_line("[e] character-LM training, " + std::to_string(tc.steps) + " steps per mode, " + r.variant +
              ", corpus " + tc.corpus_dir + " (" + elapsed() + ")");
@@ -130,7 +132,8 @@ WorkloadE run_workload_e(const Options& o, dualcast::Device device, Results& res
     };
     const hmlstm::CurveComparison cc = hmlstm::compare_charlm_modes(tc, 0.0, progress);
     const auto log_json = hmlstm::train_log_json;
-    r.training["config"] = r.variant + " steps=" + std::to_string(tc.steps) + " Adam lr " + fmt("%g", tc.lr) +
+    r.training["config"] = r.variant + " steps=" + std::to_string(tc.steps) + " seed " + std::to_string(o.train_seed) +
+                         " Adam lr " + fmt("%g", tc.lr) +
                          " slope " + fmt("%g", tc.net.slope) + "->" + fmt("%g", tc.slope_final);
     r.training["mixed"] = log_json(cc.mixed);
     r.training["reverse"] = log_json(cc.reverse);

@@ -6,6 +6,10 @@
 #   bash paper/measured/h200-2026-11-29d/run.sh next   # builds what it runs, then: test_launch, the network
 #        # tests; the captured workload-e step (mixed) in bf16 Autocast and float32: chained launches off,
 #        # on, and on with each cell kernel writing the next layer-step's gate inputs (twice each)
+#   bash paper/measured/h200-2026-11-29d/run.sh final   # right after scripts/gpu-check (its build/release):
+#        # workload e in float32 and under bf16 Autocast with JAX at the same precision; the 300-step
+#        # training run under bf16 for seeds 1-3 and in float32 for seeds 2-3 (seed 1: run 2026-11-29a);
+#        # the captured bf16 step's kernels as they ran (step_breakdown.py --tool nsys, if nsys is here)
 #   bash paper/measured/h200-2026-11-29d/run.sh attention   # (the build of `chain`, rebuilt if the machine
 #        # is fresh) test_attention_tensor_core, attention_bench --precision bf16 with PyTorch's SDPA
 # Each part's files go straight into $OUT (packed into a tarball at the end: the device returns few files).
@@ -63,6 +67,32 @@ if [ "$part" = next ]; then
       done
     done
   done
+fi
+if [ "$part" = final ]; then
+  E=$B/experiments/hmlstm/hmlstm_experiment
+  build hmlstm_experiment hmlstm_step_profile
+  for prec in bf16 fp32; do
+    echo "== e $prec with JAX at the same precision (at $((SECONDS - t0)) s)"
+    timeout 150 $E --workloads e --precision $prec --e-reps 20 --train-steps 0 --peers --peer-methods jax \
+      --out "$R/e_$prec" > "$R/e_$prec.log" 2>&1
+    echo "rc=$?"; grep -E "^e |jax" "$R/e_$prec.log" | tail -8
+  done
+  for run in "bf16 1" "bf16 2" "bf16 3" "fp32 2" "fp32 3"; do
+    set -- $run
+    echo "== 300 training steps, $1, seed $2 (at $((SECONDS - t0)) s)"
+    timeout 100 $E --workloads e --precision $1 --e-reps 1 --train-steps 300 --train-seed $2 --no-graphs \
+      --out "$R/train_$1_s$2" > "$R/train_$1_s$2.log" 2>&1
+    echo "rc=$?"; grep -E "final valid" "$R/train_$1_s$2.log" | sed 's/.*charlm/charlm/' | cut -c1-400
+  done
+  if command -v nsys > /dev/null; then
+    echo "== the captured bf16 step's kernels (nsys, at $((SECONDS - t0)) s)"
+    timeout 120 python3 experiments/hmlstm/step_breakdown.py --binary $P --mode mixed --autocast bf16 --tool nsys \
+      --csv "$R/breakdown_bf16.csv" > "$R/breakdown_bf16.txt" 2>&1
+    echo "rc=$?"; tail -16 "$R/breakdown_bf16.txt"
+  else
+    echo "no nsys on this machine"
+  fi
+  find "$R" -name validate -type d -prune -exec rm -rf {} +
 fi
 if [ "$part" = attention ]; then
   build test_attention_tensor_core attention_bench
