@@ -34,6 +34,30 @@ Var gates_loss(const std::vector<Var>& g) {
   return sum(g[0] * g[1]) + sum(g[2]) + sum(g[3] * g[3]) + sum(g[4] * g[4] * g[4]);
 }
 
+/// Two small mixed-mode networks from the same parameters, the second's config changed by `change`,
+/// their losses and gradients on the same tokens, handed to check(na, nb, la, lb, dt, what) for each
+/// dtype (float64, float32) and boundary (STE, soft).
+template <class Change, class Check>
+void compare_networks(Device d, std::uint64_t token_seed, Change change, Check check) {
+  for (DType dt : {DType::float64, DType::float32})
+    for (bool soft : {false, true}) {
+      NetworkConfig a = tiny(d, dt, CellMode::mixed);
+      a.hidden = 16;
+      a.batch = 6;
+      a.seq = 9;
+      a.soft_boundary = soft;
+      NetworkConfig b = a;
+      change(b);
+      const Tensor tokens = random_tokens(a.seq, a.batch, a.vocab, token_seed);
+      HmlstmNetwork na(a), nb(b);
+      nb.load_params_from(na);
+      Var la = na.loss(tokens), lb = nb.loss(tokens);
+      la.backward();
+      lb.backward();
+      check(na, nb, la, lb, dt, std::string(soft ? "soft " : "ste ") + dtype_name(dt));
+    }
+}
+
 }  // namespace
 
 // The inputs' gradients before the gate node's backward runs (readers recorded after the step run
@@ -239,28 +263,15 @@ TEST_P(GatesTest, FusedCellStepWritingTheNextStepsInputsKeepsItsGradients) {
 TEST_P(GatesTest, CellWritingTheNextInputsChangesNoLossOrGradient) {
   const Device d = GetParam();
   DUALCAST_SKIP_IF_UNAVAILABLE(d);
-  for (DType dt : {DType::float64, DType::float32})
-    for (bool soft : {false, true}) {
-      NetworkConfig a = tiny(d, dt, CellMode::mixed);
-      a.hidden = 16;
-      a.batch = 6;
-      a.seq = 9;
-      a.soft_boundary = soft;
-      NetworkConfig b = a;
-      b.cell_writes_next_inputs = false;
-      const Tensor tokens = random_tokens(a.seq, a.batch, a.vocab, 39);
-      HmlstmNetwork na(a), nb(b);
-      nb.load_params_from(na);
-      Var la = na.loss(tokens), lb = nb.loss(tokens);
-      la.backward();
-      lb.backward();
-      const std::string what = std::string(soft ? "soft " : "ste ") + dtype_name(dt);
-      EXPECT_EQ(la.value().to_vector<double>(), lb.value().to_vector<double>()) << what;
-      const auto names = na.param_names();
-      for (std::size_t k = 0; k < names.size(); ++k)
-        EXPECT_EQ(na.params()[k].grad().to_vector<double>(), nb.params()[k].grad().to_vector<double>())
-            << what << " " << names[k];
-    }
+  compare_networks(
+      d, 39, [](NetworkConfig& b) { b.cell_writes_next_inputs = false; },
+      [](HmlstmNetwork& na, HmlstmNetwork& nb, const Var& la, const Var& lb, DType, const std::string& what) {
+        EXPECT_EQ(la.value().to_vector<double>(), lb.value().to_vector<double>()) << what;
+        const auto names = na.param_names();
+        for (std::size_t k = 0; k < names.size(); ++k)
+          EXPECT_EQ(na.params()[k].grad().to_vector<double>(), nb.params()[k].grad().to_vector<double>())
+              << what << " " << names[k];
+      });
 }
 
 // The next layer-step's inputs are checked as that step checks its own: a wrong one is an Error
@@ -329,30 +340,17 @@ TEST_P(GatesTest, TheMixedNetworkTakesTheFusedLayerStep) {
 TEST_P(GatesTest, FusedCellStepEqualsTheLibraryBroadcasts) {
   const Device d = GetParam();
   DUALCAST_SKIP_IF_UNAVAILABLE(d);
-  for (DType dt : {DType::float64, DType::float32})
-    for (bool soft : {false, true}) {
-      NetworkConfig a = tiny(d, dt, CellMode::mixed);
-      a.hidden = 16;
-      a.batch = 6;
-      a.seq = 9;
-      a.soft_boundary = soft;
-      NetworkConfig b = a;
-      b.fused_cell = false;
-      const Tensor tokens = random_tokens(a.seq, a.batch, a.vocab, 37);
-      HmlstmNetwork na(a), nb(b);
-      nb.load_params_from(na);
-      Var la = na.loss(tokens), lb = nb.loss(tokens);
-      la.backward();
-      lb.backward();
-      const double tol = dt == DType::float64 ? 1e-11 : 2e-5;
-      const std::string what = std::string(soft ? "soft " : "ste ") + dtype_name(dt);
-      EXPECT_NEAR(la.item(), lb.item(), tol * std::fabs(lb.item())) << what;
-      EXPECT_EQ(na.boundary_flags(), nb.boundary_flags()) << what;
-      const auto names = na.param_names();
-      for (std::size_t k = 0; k < names.size(); ++k)
-        EXPECT_LE(array_error(na.params()[k].grad(), nb.params()[k].grad(), ErrorScale::largest), tol)
-            << what << " " << names[k];
-    }
+  compare_networks(
+      d, 37, [](NetworkConfig& b) { b.fused_cell = false; },
+      [](HmlstmNetwork& na, HmlstmNetwork& nb, const Var& la, const Var& lb, DType dt, const std::string& what) {
+        const double tol = dt == DType::float64 ? 1e-11 : 2e-5;
+        EXPECT_NEAR(la.item(), lb.item(), tol * std::fabs(lb.item())) << what;
+        EXPECT_EQ(na.boundary_flags(), nb.boundary_flags()) << what;
+        const auto names = na.param_names();
+        for (std::size_t k = 0; k < names.size(); ++k)
+          EXPECT_LE(array_error(na.params()[k].grad(), nb.params()[k].grad(), ErrorScale::largest), tol)
+              << what << " " << names[k];
+      });
 }
 
 // The gate products through LayerGates (one fused gate-input kernel per step, the bias as a row of the

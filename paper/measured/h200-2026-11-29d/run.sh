@@ -7,8 +7,9 @@
 #        # tests; the captured workload-e step (mixed) in bf16 Autocast and float32: chained launches off,
 #        # on, and on with each cell kernel writing the next layer-step's gate inputs (twice each)
 #   bash paper/measured/h200-2026-11-29d/run.sh final   # right after scripts/gpu-check (its build/release):
-#        # workload e in float32 and under bf16 Autocast with JAX at the same precision; the 300-step
-#        # training run under bf16 for seeds 1-3 and in float32 for seeds 2-3 (seed 1: run 2026-11-29a);
+#        # the captured step (hmlstm_step_profile, as in `next`), workload e in float32 and under bf16
+#        # Autocast with JAX at the same precision; the 300-step
+#        # training run under bf16 for seeds 1-2 and in float32 for seed 2 (seed 1: run 2026-11-29a);
 #        # the captured bf16 step's kernels as they ran (step_breakdown.py --tool nsys, if nsys is here)
 #   bash paper/measured/h200-2026-11-29d/run.sh attention   # (the build of `chain`, rebuilt if the machine
 #        # is fresh) test_attention_tensor_core, attention_bench --precision bf16 with PyTorch's SDPA
@@ -71,13 +72,20 @@ fi
 if [ "$part" = final ]; then
   E=$B/experiments/hmlstm/hmlstm_experiment
   build hmlstm_experiment hmlstm_step_profile
+  for round in 1 2; do
+    for prec in bf16 fp32; do
+      DUALCAST_CHAINED_LAUNCH=1 timeout 60 $P --mode mixed --reps 30 $( [ $prec = bf16 ] && echo --autocast bf16 ) \
+        > "$R/step_${prec}_$round.log" 2>&1
+      echo "captured step $prec round $round rc=$?: $(grep -E 'step_ms' "$R/step_${prec}_$round.log" | cut -d' ' -f1-5)"
+    done
+  done
   for prec in bf16 fp32; do
     echo "== e $prec with JAX at the same precision (at $((SECONDS - t0)) s)"
     timeout 150 $E --workloads e --precision $prec --e-reps 20 --train-steps 0 --peers --peer-methods jax \
       --out "$R/e_$prec" > "$R/e_$prec.log" 2>&1
     echo "rc=$?"; grep -E "^e |jax" "$R/e_$prec.log" | tail -8
   done
-  for run in "bf16 1" "bf16 2" "bf16 3" "fp32 2" "fp32 3"; do
+  for run in "bf16 1" "bf16 2" "fp32 2"; do
     set -- $run
     echo "== 300 training steps, $1, seed $2 (at $((SECONDS - t0)) s)"
     timeout 100 $E --workloads e --precision $1 --e-reps 1 --train-steps 300 --train-seed $2 --no-graphs \
