@@ -110,6 +110,7 @@ class LayerGates {
   std::shared_ptr<Stack> stack_;
   dualcast::Var w_;  // the StackNode's output: Wcat's value
   dualcast::DType low_ = dualcast::DType::float32;  // the autocast dtype of the products (float32: none)
+  dualcast::DType xtype_ = dualcast::DType::float32;  // the gate-input stack's dtype (gates.cu, Stack::x)
   dualcast::Tensor wlow_;  // Wcat^T in low_ (under Autocast): [Gs, K], zero rows past G (gates.cu, Stack::ds)
   std::int64_t T_, B_, H_;
   bool has_above_;

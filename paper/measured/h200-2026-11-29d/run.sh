@@ -11,6 +11,8 @@
 #        # Autocast with JAX at the same precision; the 300-step
 #        # training run under bf16 for seeds 1-2 and in float32 for seed 2 (seed 1: run 2026-11-29a);
 #        # the captured bf16 step's kernels as they ran (step_breakdown.py --tool nsys, if nsys is here)
+#   bash paper/measured/h200-2026-11-29d/run.sh inputs   # (branch bf16-inputs: the gate-input stack in bf16
+#        # with 16-byte rows) the network tests, the captured step twice (bf16, float32), e bf16 with JAX
 #   bash paper/measured/h200-2026-11-29d/run.sh attention   # (the build of `chain`, rebuilt if the machine
 #        # is fresh) test_attention_tensor_core, attention_bench --precision bf16 with PyTorch's SDPA
 # Each part's files go straight into $OUT (packed into a tarball at the end: the device returns few files).
@@ -100,6 +102,20 @@ if [ "$part" = final ]; then
   else
     echo "no nsys on this machine"
   fi
+  find "$R" -name validate -type d -prune -exec rm -rf {} +
+fi
+if [ "$part" = inputs ]; then
+  build test_network hmlstm_step_profile hmlstm_experiment
+  gtest $B/experiments/hmlstm/test_network 200
+  for round in 1 2; do
+    for prec in bf16 fp32; do
+      timeout 60 $P --mode mixed --reps 30 $( [ $prec = bf16 ] && echo --autocast bf16 ) > "$R/step_${prec}_$round.log" 2>&1
+      echo "captured step $prec round $round rc=$?: $(grep -E 'step_ms' "$R/step_${prec}_$round.log" | cut -d' ' -f1-5)"
+    done
+  done
+  DUALCAST_MATMUL_LOG=1 timeout 150 $B/experiments/hmlstm/hmlstm_experiment --workloads e --precision bf16 --e-reps 20 \
+    --train-steps 0 --peers --peer-methods jax --out "$R/e_bf16" > "$R/e_bf16.log" 2>&1
+  echo "e bf16 rc=$?"; grep -E "^e |\[jax\] e H|skinny|cuBLAS" "$R/e_bf16.log" | tail -12
   find "$R" -name validate -type d -prune -exec rm -rf {} +
 fi
 if [ "$part" = attention ]; then
