@@ -46,6 +46,8 @@ bool chained_launches(Device device) {
 void set_chained_launches(bool on) { g_override.store(on ? 1 : 0, std::memory_order_relaxed); }
 
 namespace detail {
+void reset_chained_launches() { g_override.store(-1, std::memory_order_relaxed); }
+
 #if DUALCAST_WITH_CUDA
 int add_chain_attribute(Device device, cudaLaunchAttribute* attrs, int count) {
   if (!chained_launches(device)) return count;

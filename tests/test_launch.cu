@@ -21,10 +21,10 @@ using namespace dualcast;
 
 namespace {
 
-/// Restores the process's setting (chained, as by default) when a test ends.
+/// Puts the process back on what DUALCAST_CHAINED_LAUNCH says when a test ends.
 struct ChainedSetting {
   explicit ChainedSetting(bool on) { set_chained_launches(on); }
-  ~ChainedSetting() { set_chained_launches(true); }
+  ~ChainedSetting() { detail::reset_chained_launches(); }
 };
 
 bool compute_capability_9(Device d) {

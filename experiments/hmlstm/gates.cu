@@ -24,7 +24,10 @@ namespace hmlstm {
 using namespace dualcast;
 
 struct LayerGates::Stack {
-  Tensor x;   ///< [T*B, K]: block t holds step t's gate inputs
+  /// [T*B, Ks]: block t holds step t's gate inputs. Ks = K and the layer's dtype, or under Autocast
+  /// the autocast dtype with Ks = K rounded up to 8 (more zero columns after the column of ones), as
+  /// dS below: the products round X anyway, and 16-byte rows are copied in 16-byte chunks.
+  Tensor x;
   /// [T*B, Gs]: block t holds step t's gate adjoints (written by backward). Gs = G and the layer's
   /// dtype, or under Autocast the autocast dtype with Gs = G rounded up to 8 (columns past G stay
   /// zero): the products round dS to that dtype anyway, and 16-byte rows let the skinny kernel
@@ -34,7 +37,7 @@ struct LayerGates::Stack {
   /// Per step, the inputs (below, zb, h, z, above) an earlier cell_step's kernel wrote its gate
   /// inputs from (all null: not written ahead).
   std::vector<std::array<const void*, 5>> packed_from;
-  std::int64_t B = 0, G = 0;
+  std::int64_t B = 0, G = 0, K = 0;
   DType low = DType::float32;  // the products' autocast dtype (float32: plain matmul)
 };
 
@@ -42,9 +45,10 @@ namespace {
 
 // ---- kernels (named templates: nvcc rejects extended lambdas inside generic lambdas) ------------
 
-/// X = [zb*below, h, z*above, 1, 0, 0, 0] for B rows (K columns; `above` null for the top layer).
-template <class T>
-void gate_inputs(Device d, T* x, std::int64_t B, std::int64_t H, std::int64_t K, const T* below,
+/// X = [zb*below, h, z*above, 1, 0, ...] for B rows of K columns (`above` null for the top layer; TX:
+/// the stack's dtype).
+template <class T, class TX>
+void gate_inputs(Device d, TX* x, std::int64_t B, std::int64_t H, std::int64_t K, const T* below,
                  const T* zb, const T* h, const T* z, const T* above) {
   const std::int64_t kx = above ? 3 * H : 2 * H;  // the column of ones
   parallel_for(d, B * K, [=] DUALCAST_HD(std::int64_t i) {
@@ -54,7 +58,7 @@ void gate_inputs(Device d, T* x, std::int64_t B, std::int64_t H, std::int64_t K,
     else if (c < 2 * H) v = h[b * H + (c - H)];
     else if (c < kx) v = z[b] * above[b * H + (c - 2 * H)];
     else v = c == kx ? T(1) : T(0);
-    x[i] = v;
+    x[i] = TX(v);
   });
 }
 
@@ -195,6 +199,16 @@ void gate_input_backward(Device d, const GateInputGrads& a, std::int64_t B, std:
 
 const void* ptr_or_null(const Tensor& t) { return t.defined() ? t.raw_data() : nullptr; }
 
+/// Calls f(T{}, TS{}) with T the layer's type and TS a stack's (Stack: the same, or under Autocast a
+/// 16-bit one next to float).
+template <class F>
+void with_stack_types(DType layer, DType stack, F&& f) {
+  if (stack == DType::bfloat16) f(float{}, bfloat16{});
+  else if (stack == DType::float16) f(float{}, float16{});
+  else if (layer == DType::float32) f(float{}, float{});
+  else f(double{}, double{});
+}
+
 // ---- the two nodes ------------------------------------------------------------------------------
 
 /// Where one input's gradient goes. The backward kernels accumulate (the broadcast node's scheme): into
@@ -289,7 +303,9 @@ class StackNode final : public Node {
     }
     Tensor dw = is_half(s.low) ? matmul_rounded(s.x, s.ds, s.low, /*trans_a=*/true)
                                : matmul(s.x, s.ds, /*trans_a=*/true, /*trans_b=*/false);
-    if (dw.shape()[1] != s.G) dw = slice(dw, 1, 0, s.G);  // the zero columns of a padded dS
+    // A padded X or dS (Stack) adds zero rows or columns: [Ks, Gs] -> [K, G].
+    if (dw.shape()[0] != s.K) dw = dw.narrow(0, s.K);
+    if (dw.shape()[1] != s.G) dw = slice(dw, 1, 0, s.G);
     detail::accumulate_grad(*inputs[0], std::move(dw), /*owned=*/true);
     if (grad_outputs[0].defined()) detail::accumulate_grad(*inputs[0], grad_outputs[0], false);
   }
@@ -321,10 +337,7 @@ class GateNode final : public Node {
                            static_cast<const T*>(p(1)), static_cast<const T*>(p(2)), static_cast<const T*>(p(3)),
                            static_cast<const T*>(p(4)));
     };
-    if (ds.dtype() == DType::bfloat16) pack(float{}, bfloat16{});
-    else if (ds.dtype() == DType::float16) pack(float{}, float16{});
-    else if (dt == DType::float32) pack(float{}, float{});
-    else pack(double{}, double{});
+    with_stack_types(dt, ds.dtype(), pack);
     s.deposited[static_cast<std::size_t>(t_)] = 1;
     bool any = false;
     for (std::size_t k = 0; k < 5; ++k) any = any || inputs[k] != nullptr;
@@ -368,7 +381,8 @@ DUALCAST_HD inline auto boundary(bool soft, auto sz, T a) {
 }
 
 /// Another layer-step's gate inputs for the cell kernel to write (NextInputs): x [B, K] in that
-/// layer's stack, `below` null for this cell's own h' times its own z', `above` null for a top layer.
+/// layer's stack (of the stack's dtype), `below` null for this cell's own h' times its own z',
+/// `above` null for a top layer.
 struct NextPack {
   void* x = nullptr;  // null: nothing to write
   std::int64_t K = 0;
@@ -383,7 +397,7 @@ struct NextPack {
 /// n.x, also the row block X = [zb*below, h, z*above, 1, 0, 0, 0] of the next layer-step, the same
 /// numbers gate_inputs writes (a thread recomputes z' where it is the multiplier: the same function
 /// of the same numbers as the boundary column's).
-template <class T>
+template <class T, class TX>
 void cell_forward(Device d, const CellArgs& a, const NextPack& n, T* c_out, T* h_out, T* z_out, std::int64_t B,
                   std::int64_t H) {
   const std::int64_t G = 4 * H + 1, W = H + 1;  // W: H cell columns and one boundary column per row
@@ -391,11 +405,11 @@ void cell_forward(Device d, const CellArgs& a, const NextPack& n, T* c_out, T* h
   parallel_for(d, B * W, [=] DUALCAST_HD(std::int64_t i) {
     const std::int64_t b = i / W, j = i - b * W;
     const T* s = static_cast<const T*>(a.s) + b * G;
-    T* x = n.x ? static_cast<T*>(n.x) + b * n.K : nullptr;
+    TX* x = n.x ? static_cast<TX*>(n.x) + b * n.K : nullptr;
     if (j == H) {
       z_out[b] = boundary<T>(a.soft, s[4 * H], *static_cast<const T*>(a.slope));
       if (x)
-        for (std::int64_t col = kx; col < n.K; ++col) x[col] = col == kx ? T(1) : T(0);
+        for (std::int64_t col = kx; col < n.K; ++col) x[col] = TX(col == kx ? T(1) : T(0));
       return;
     }
     const std::int64_t e = b * H + j;
@@ -408,13 +422,13 @@ void cell_forward(Device d, const CellArgs& a, const NextPack& n, T* c_out, T* h
     if (!x) return;
     if (!n.below) {
       const T zn = boundary<T>(a.soft, s[4 * H], *static_cast<const T*>(a.slope));
-      x[j] = zn * hn;
+      x[j] = TX(zn * hn);
     } else {
       const T v = static_cast<const T*>(n.below)[e];
-      x[j] = n.zb ? static_cast<const T*>(n.zb)[b] * v : v;
+      x[j] = TX(n.zb ? static_cast<const T*>(n.zb)[b] * v : v);
     }
-    x[H + j] = static_cast<const T*>(n.h)[e];
-    if (n.above) x[2 * H + j] = static_cast<const T*>(n.z)[b] * static_cast<const T*>(n.above)[e];
+    x[H + j] = TX(static_cast<const T*>(n.h)[e]);
+    if (n.above) x[2 * H + j] = TX(static_cast<const T*>(n.z)[b] * static_cast<const T*>(n.above)[e]);
   });
 }
 
@@ -480,10 +494,7 @@ class FusedCellNode final : public Node {
                            static_cast<T*>(tg[6].out()), static_cast<const T*>(tg[6].old), static_cast<T*>(tg[2].out()),
                            static_cast<const T*>(tg[2].old), B, H);
     };
-    if (ds.dtype() == DType::bfloat16) run(float{}, bfloat16{});
-    else if (ds.dtype() == DType::float16) run(float{}, float16{});
-    else if (dt == DType::float32) run(float{}, float{});
-    else run(double{}, double{});
+    with_stack_types(dt, ds.dtype(), run);
     s.deposited[static_cast<std::size_t>(t_)] = 1;
     if (tg[2].buf.defined()) tg[2].old = tg[2].buf.raw_data();  // h's gradient now holds the cell's part
     bool any = false;
@@ -527,24 +538,27 @@ LayerGates::LayerGates(const Var& wcat, std::int64_t T, std::int64_t B, std::int
   // Under Autocast the adjoint stack is 16-bit with rows padded to 16 bytes (Stack::ds), and so the
   // backward's weight Wcat^T gets as many zero rows.
   const bool autocast = autocast_enabled() && wcat.dtype() == DType::float32;
-  const std::int64_t gs = autocast ? (G + 7) / 8 * 8 : G;
+  const std::int64_t gs = autocast ? (G + 7) / 8 * 8 : G, ks = autocast ? (K + 7) / 8 * 8 : K;
+  xtype_ = autocast ? autocast_dtype() : wcat.dtype();
   if (grad_enabled() && wcat.requires_grad()) {
     stack_ = std::make_shared<Stack>();
-    stack_->x = Tensor::empty({T * B, K}, wcat.dtype(), wcat.device());
+    stack_->x = Tensor::empty({T * B, ks}, xtype_, wcat.device());
     stack_->ds = Tensor::empty({T * B, gs}, gs == G ? wcat.dtype() : autocast_dtype(), wcat.device());
     stack_->written.assign(static_cast<std::size_t>(T), 0);
     stack_->deposited.assign(static_cast<std::size_t>(T), 0);
     stack_->packed_from.assign(static_cast<std::size_t>(T), {});
     stack_->B = B;
     stack_->G = G;
+    stack_->K = K;
     w_ = detail::record1(std::make_shared<StackNode>(stack_), {wcat}, wcat.value());
   } else {
     w_ = Var(wcat.value());
   }
   if (autocast) {
     low_ = autocast_dtype();
-    const Tensor wt = transpose(wcat.value().to(low_));  // [G, K]: rounded once for the T steps
-    wlow_ = gs == G ? wt : concat({wt, Tensor::zeros({gs - G, K}, low_, wt.device())}, 0);  // [gs, K]
+    Tensor wt = transpose(wcat.value().to(low_));  // [G, K]: rounded once for the T steps
+    if (ks != K) wt = concat({wt, Tensor::zeros({G, ks - K}, low_, wt.device())}, 1);
+    wlow_ = gs == G ? wt : concat({wt, Tensor::zeros({gs - G, ks}, low_, wt.device())}, 0);  // [gs, ks]
     if (stack_) stack_->low = low_;
   }
 }
@@ -582,21 +596,21 @@ LayerGates::StepValues LayerGates::products(std::int64_t t, const Var& below, co
     check_input("h_above", v.above, B, H, w);
   }
   const bool track = stack_ != nullptr && grad_enabled();
-  Tensor x = track ? stack_->x.narrow(t * B, B) : Tensor::empty({B, K}, w.dtype(), d);
+  const std::int64_t ks = is_half(low_) ? wlow_.shape()[1] : K;  // X's row length (Stack::x)
+  Tensor x = track ? stack_->x.narrow(t * B, B) : Tensor::empty({B, ks}, xtype_, d);
   // Written ahead by the cell kernel before (cell_step's NextInputs) from these very inputs: done.
   const std::array<const void*, 5> from = {v.below.raw_data(), ptr_or_null(v.zb), h.value().raw_data(),
                                            ptr_or_null(v.z), ptr_or_null(v.above)};
   const bool packed = track && stack_->packed_from[static_cast<std::size_t>(t)] == from;
   if (track) stack_->packed_from[static_cast<std::size_t>(t)] = {};  // used once: no stale match later
-  auto run = [&](auto tag) {
+  auto run = [&](auto tag, auto xtag) {
     using T = decltype(tag);
+    using TX = decltype(xtag);
     auto p = [](const Tensor& u) { return u.defined() ? u.template data<T>() : nullptr; };
-    gate_inputs<T>(d, x.data<T>(), B, H, K, v.below.data<T>(), p(v.zb), h.value().data<T>(), p(v.z), p(v.above));
+    gate_inputs<T, TX>(d, static_cast<TX*>(x.raw_data()), B, H, ks, v.below.data<T>(), p(v.zb), h.value().data<T>(),
+                       p(v.z), p(v.above));
   };
-  if (!packed) {
-    if (w.dtype() == DType::float32) run(float{});
-    else run(double{});
-  }
+  if (!packed) with_stack_types(w.dtype(), xtype_, run);
   if (track) stack_->written[static_cast<std::size_t>(t)] = 1;
   v.s = is_half(low_) ? matmul_rounded(x, wlow_.narrow(0, 4 * H + 1), low_, false, /*trans_b=*/true)
                       : matmul(x, w);  // [B, G]
@@ -630,12 +644,12 @@ std::vector<Var> LayerGates::cell_step(std::int64_t t, const Var& below, const V
   Tensor nb, nzb, nh, nz, na;
   if (nl != nullptr) {
     const Tensor& nw = nl->w_.value();
-    DUALCAST_CHECK(nw.dtype() == w.dtype() && nw.device() == w.device() && nl->B_ == B && nl->H_ == H &&
-                       next.t >= 0 && next.t < nl->T_,
+    DUALCAST_CHECK(nw.dtype() == w.dtype() && nl->low_ == low_ && nw.device() == w.device() && nl->B_ == B &&
+                       nl->H_ == H && next.t >= 0 && next.t < nl->T_,
                    "LayerGates::cell_step: the next layer-step (step ", next.t, " of a layer of ", dtype_name(nw.dtype()),
                    " on ", nw.device().str(), ", B=", nl->B_, ", H=", nl->H_, ", T=", nl->T_,
-                   ") does not match this one (", dtype_name(w.dtype()), " on ", w.device().str(), ", B=", B,
-                   ", H=", H, ")");
+                   ", products in ", dtype_name(nl->low_), ") does not match this one (", dtype_name(w.dtype()),
+                   " on ", w.device().str(), ", B=", B, ", H=", H, ", products in ", dtype_name(low_), ")");
     // Its stack block is read again by the weight gradient: a step that ran already keeps its inputs.
     DUALCAST_CHECK(!nl->stack_->written[static_cast<std::size_t>(next.t)], "LayerGates::cell_step: the next ",
                    "layer-step (step ", next.t, ") has run already; its gate inputs cannot be written again");
@@ -667,7 +681,7 @@ std::vector<Var> LayerGates::cell_step(std::int64_t t, const Var& below, const V
     const Tensor own_h = next.from_this_cell ? outs[1] : nb;
     const Tensor own_z = next.from_this_cell ? outs[2] : nzb;
     pack.x = nl->stack_->x.narrow(next.t * B, B).raw_data();
-    pack.K = nl->w_.value().shape()[0];
+    pack.K = nl->stack_->x.shape()[1];
     pack.below = next.from_this_cell ? nullptr : nb.raw_data();
     pack.zb = next.from_this_cell ? nullptr : ptr_or_null(nzb);
     pack.h = nh.raw_data();
@@ -676,10 +690,10 @@ std::vector<Var> LayerGates::cell_step(std::int64_t t, const Var& below, const V
     nl->stack_->packed_from[static_cast<std::size_t>(next.t)] = {own_h.raw_data(), ptr_or_null(own_z), nh.raw_data(),
                                                                  ptr_or_null(nz), ptr_or_null(na)};
   }
-  if (dt == DType::float32)
-    cell_forward<float>(d, args, pack, outs[0].data<float>(), outs[1].data<float>(), outs[2].data<float>(), B, H);
-  else
-    cell_forward<double>(d, args, pack, outs[0].data<double>(), outs[1].data<double>(), outs[2].data<double>(), B, H);
+  with_stack_types(dt, xtype_, [&](auto tag, auto xtag) {  // the next layer's X is of this type (checked)
+    using T = decltype(tag);
+    cell_forward<T, decltype(xtag)>(d, args, pack, outs[0].data<T>(), outs[1].data<T>(), outs[2].data<T>(), B, H);
+  });
   if (stack_ == nullptr || !grad_enabled()) return {outs.begin(), outs.end()};
   // The node keeps what `args` points into: the gates, c, h, the flags and the slope.
   auto node = std::make_shared<FusedCellNode>(stack_, t, H, v.s, args,

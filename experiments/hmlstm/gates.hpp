@@ -33,12 +33,14 @@
 //
 // Under Autocast (a float32 layer built while an Autocast guard is active) every product of the layer
 // rounds its operands to the autocast dtype and sums in float32 (matmul_rounded, ops/linalg.hpp):
-// the gate products read Wcat^T rounded once per forward ([G, K], made in the constructor) and write
-// float32 gates, so the cell kernels, the input stack and every gradient stay float32, as do the
-// master weights. The adjoint stack dS is kept in the autocast dtype (the products would round it
-// anyway) with its rows padded to 16 bytes, which the skinny kernel reads in 16-byte copies. The
-// per-step products have M = B rows: matmul_rounded runs them on its split-K tensor-core kernel
-// where that measures faster than cuBLAS (tests: AutocastStep*).
+// the gate products read Wcat^T rounded once per forward (made in the constructor) and write float32
+// gates, so the cell kernels, the states and every gradient stay float32, as do the master weights.
+// The two stacks, X and dS, are kept in the autocast dtype (the products would round them anyway)
+// with rows padded to 16 bytes by zero columns (Wcat^T gets the matching zero rows and columns):
+// both operands of every gate product are then 16-bit and 16-byte aligned, which the skinny kernel
+// reads with 16-byte copies and ldmatrix and cuBLAS without a conversion pass. The per-step products
+// have M = B rows: matmul_rounded runs them on its split-K tensor-core kernel where that measures
+// faster than cuBLAS (tests: AutocastStep*).
 #pragma once
 
 #include <cstdint>
@@ -110,6 +112,7 @@ class LayerGates {
   std::shared_ptr<Stack> stack_;
   dualcast::Var w_;  // the StackNode's output: Wcat's value
   dualcast::DType low_ = dualcast::DType::float32;  // the autocast dtype of the products (float32: none)
+  dualcast::DType xtype_ = dualcast::DType::float32;  // the gate-input stack's dtype (gates.cu, Stack::x)
   dualcast::Tensor wlow_;  // Wcat^T in low_ (under Autocast): [Gs, K], zero rows past G (gates.cu, Stack::ds)
   std::int64_t T_, B_, H_;
   bool has_above_;

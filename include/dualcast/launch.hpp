@@ -38,6 +38,10 @@ void set_chained_launches(bool on);
 
 namespace detail {
 
+/// Drops set_chained_launches' override: back to what DUALCAST_CHAINED_LAUNCH says. For tests that
+/// must leave the process as they found it.
+void reset_chained_launches();
+
 #if DUALCAST_WITH_CUDA || defined(__CUDACC__)
 /// Appends the chained-launch attribute to `attrs` (which has room for it) when chained_launches
 /// holds; returns the new attribute count.
