@@ -14,7 +14,7 @@ import re
 # run's device name must contain it (checked), so a folder cannot be credited to the wrong card.
 HEADLINE_RUNS = {
     "H200": {"kernels": "h200-2026-11-27/hmlstm-a-d",   # workloads a-d with the peers
-             "hmlstm step": "h200-2026-11-29d/final/e_fp32",  # workload e, captured, with JAX (float32, 2026-11-29, fourth session)
+             "hmlstm step": "h200-2026-11-29e/final/e_fp32",  # workload e, captured, with JAX (float32, 2026-11-29, fifth session)
              "resnet": "h200-2026-11-25/resnet"},       # resnet-study bench, PyTorch in the same call
     "H100": {"kernels": "h100-2026-11-27/hmlstm-a-d",
              "hmlstm step": "h100-2026-11-25c/hm",
