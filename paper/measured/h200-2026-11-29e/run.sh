@@ -4,11 +4,12 @@
 #   bash paper/measured/h200-2026-11-29e/run.sh final   # right after it, on its build: the captured
 #        # workload-e step (hmlstm_step_profile, mixed) in bf16 Autocast and float32, twice; workload e in
 #        # both with JAX at the same precision; 300 training steps for seeds 1 and 2 in bf16 and float32
-#   bash paper/measured/h200-2026-11-29e/run.sh ab   # builds what it runs, then: workloads a and b at
-#        # 4096^2 and 8192^2 in bf16 storage with torch.compile of the same cell at the same precision
-#        # (as scripts/precision-study's hmlstm part), and the bf16 kernels' Nsight Compute counters
 #   bash paper/measured/h200-2026-11-29e/run.sh more   # builds what it runs, then: 300 training steps for
 #        # seeds 3 and 4 in bf16 and float32, then (in the time left of the call) part ab's a and b in bf16
+#   bash paper/measured/h200-2026-11-29e/run.sh packets   # (branch half-packets: 16-bit calls move 16-byte
+#        # packets) builds what it runs, then: a and b in bf16 at 4096^2 and 8192^2 (dualcast only:
+#        # torch.compile ran in part `more`, on main's kernels), the 16-bit broadcast tests, and the
+#        # bf16 kernels' Nsight Compute counters
 # Each part's files go into $OUT/<part> and are packed into <part>.tgz (the device returns few files).
 set -u
 part=${1:?final}
@@ -67,16 +68,18 @@ if [ "$part" = more ]; then
   echo "rc=$? at $((SECONDS - t0)) s"; tail -12 "$R/hmlstm_bf16.log"
   find "$R" -name validate -type d -prune -exec rm -rf {} +
 fi
-if [ "$part" = ab ]; then
-  build hmlstm_experiment profile_broadcast
-  # as scripts/precision-study's hmlstm part, bf16 only (float32: this GPU's earlier runs)
-  timeout 330 python3 experiments/hmlstm/run.py --build $B --no-plots --out "$R/hmlstm_bf16" --workloads a,b \
-    --dims 4096,8192 --precision bf16 --no-graphs --reps 30 --warmup 5 --peers --peer-methods compile \
-    > "$R/hmlstm_bf16.log" 2>&1
-  echo "a, b bf16 rc=$? at $((SECONDS - t0)) s"; tail -12 "$R/hmlstm_bf16.log"
-  timeout 150 python3 scripts/ncu-broadcast --build $B --out "$R/ncu" --label bf16 --dtype bfloat16 \
+if [ "$part" = packets ]; then
+  build test_broadcast test_half_ops hmlstm_experiment profile_broadcast
+  timeout 100 $E --workloads a,b --dims 4096,8192 --precision bf16 --no-graphs --reps 30 --warmup 5 \
+    --out "$R/hmlstm_bf16" > "$R/hmlstm_bf16.log" 2>&1
+  echo "a, b bf16 rc=$? at $((SECONDS - t0)) s"; grep -E "^[ab] [0-9]|^workload" "$R/hmlstm_bf16.log"
+  for t in test_broadcast test_half_ops; do
+    timeout 60 $B/tests/$t > "$R/$t.log" 2>&1
+    echo "$t rc=$? at $((SECONDS - t0)) s"; grep -E "^\[  (PASSED|FAILED)|FAILED  \]" "$R/$t.log" | head -8
+  done
+  timeout 100 python3 scripts/ncu-broadcast --build $B --out "$R/ncu" --label bf16-16B --dtype bfloat16 \
     --configs a:4096,b:4096,a:8192 > "$R/ncu.log" 2>&1
-  echo "ncu rc=$? at $((SECONDS - t0)) s"; tail -14 "$R/ncu.log"
+  echo "ncu rc=$? at $((SECONDS - t0)) s"; tail -9 "$R/ncu.log"
   find "$R" -name validate -type d -prune -exec rm -rf {} +
 fi
 tar czf "${OUT:-build/run}/$part.tgz" -C "${OUT:-build/run}" "$part" && echo "packed $part.tgz"
