@@ -2,7 +2,7 @@
 README's headline markers (and `scripts/paper --check` compares) from the measured runs, like the
 paper's tables, so the front page cannot drift from the data either.
 
-HEADLINE_RUNS names the run behind each GPU's numbers: when a newer run replaces one (experiments/README.md
+HEADLINE_RUNS names the run behind each GPU's numbers: when a newer run replaces one (experiments/history.md
 says which runs are current), change the folder there and run scripts/paper. HEADLINE_ROWS says what
 each row shows. Only machine-readable result files are read; a row whose data is not in one has no
 place here (a hand-typed number would drift)."""
