@@ -146,7 +146,8 @@ class Spec:
         fields["threads"] = cuda_kernel.THREADS
         # Both targets' tiles (CPU) and chunks (CUDA's fast walk) hold W lanes: xs[input][e].
         for name, where in (("loads", target), ("tile_loads", "tile")):
-            lines = [ks.load_line(i, n, self.differentiable, where, self.values_only) for i, n in enumerate(self.inputs)]
+            lines = [ks.load_line(i, n, self.differentiable, where, self.values_only)
+                     for i, n in enumerate(self.inputs)]
             if self.gradient_kernel:  # the output gradients follow the inputs
                 lines.append("      const T g[M] = {%s};" % ", ".join(
                     ks.load_expr(nin + m, where) for m in range(self.outputs)))
