@@ -514,6 +514,33 @@ def test_a_second_process_compiles_nothing():
     assert r.stdout.split() == ["0", "1"], r.stdout
 
 
+def test_a_compile_started_ahead_is_waited_for_not_repeated():
+    spec = jit.Spec("return x * 11 + 1;", "x", "x")
+    before = dict(jit.stats)
+    jit.start_compile(spec, "float64")
+    jit.start_compile(spec, "float64")  # under way already: nothing more
+    k = jit.compile_kernel(spec, "float64")
+    assert jit.stats["compiled"] - before["compiled"] == 1, jit.stats
+    assert jit.stats["loaded_from_disk"] - before["loaded_from_disk"] == 0, jit.stats
+    assert not jit._ahead, "a finished compile stayed in the queue"
+    outs, parts = run(k, (2,), [((2,), [1.0, 2.0])])
+    assert outs[0] == [12.0, 23.0] and parts[0] == [11.0, 11.0], (outs, parts)
+    jit.start_compile(spec, "float64")  # in memory: nothing to do
+    assert not jit._ahead and jit.compile_kernel(spec, "float64") is k
+
+
+def test_a_compile_error_started_ahead_is_raised_where_the_kernel_is_asked_for():
+    spec = jit.Spec("T s = x;\nreturn not_a_function(s);", "x", "x")
+    jit.start_compile(spec, "float64")
+    try:
+        jit.compile_kernel(spec, "float64")
+    except jit.CompileError as e:
+        assert "line 2 of the body: return not_a_function(s);" in str(e), str(e)
+    else:
+        raise AssertionError("a body calling an undefined function compiled")
+    jit.compile_kernel(jit.Spec("return x + 5;", "x", "x"), "float64")  # and the next one works
+
+
 def test_the_memory_cache_returns_the_same_kernel():
     a = jit.compile_kernel(jit.Spec("return x * 3;", "x", "x"), "float64")
     b = jit.compile_kernel(jit.Spec("return x * 3;", "x", "x"), "float64")
