@@ -331,34 +331,56 @@ _ahead = {}  # cache file -> concurrent.futures.Future of its compile
 _pool = None
 
 
+def _forget_ahead_in_child():
+    # A forked child has the parent's bookkeeping but not its worker threads: it starts afresh.
+    global _ahead_lock, _ahead, _pool
+    _ahead_lock, _ahead, _pool = threading.Lock(), {}, None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_ahead_in_child)
+
+
 def compile_ahead(path, build):
     """Runs build() (which compiles what `path` caches and returns it) on a worker thread, unless
-    `path` is cached already or its compile is under way."""
+    `path` is cached already or its compile is under way. Where no worker can start (the
+    interpreter is shutting down) nothing happens: the kernel then compiles when it is asked for."""
     global _pool
     with _ahead_lock:
         if path in _ahead or os.path.isfile(path):
             return
-        if _pool is None:
-            import concurrent.futures
-            _pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="dualcast-compile")
-        _ahead[path] = _pool.submit(build)
+        try:
+            if _pool is None:
+                import concurrent.futures
+                _pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="dualcast-compile")
+            _ahead[path] = _pool.submit(build)
+        except RuntimeError:  # "can't register atexit after shutdown", "cannot schedule new futures"
+            pass
 
 
 def discard_ahead(path):
-    """Waits for `path`'s compile started ahead, if any, and drops it, error and all (its kernel will
-    not be asked for: the call that started it failed)."""
+    """Drops `path`'s compile started ahead, if any, without waiting for it (the call that started
+    it failed): cancelled if it has not begun; if it has, it only writes a complete cache file."""
     with _ahead_lock:
         f = _ahead.pop(path, None)
     if f is not None:
-        f.exception()
+        f.cancel()
 
 
 def compiled_ahead(path):
     """(True, the result of `path`'s compile started by compile_ahead, waited for; its error raised
-    here), or (False, None) when none was started."""
+    here), or (False, None) when none was started. Every thread asking meanwhile waits for the same
+    compile; the first to see it finished removes it."""
     with _ahead_lock:
-        f = _ahead.pop(path, None)
-    return (False, None) if f is None else (True, f.result())
+        f = _ahead.get(path)
+    if f is None:
+        return False, None
+    try:
+        return True, f.result()
+    finally:
+        with _ahead_lock:
+            if _ahead.get(path) is f:
+                del _ahead[path]
 
 
 def include_dir():

@@ -133,9 +133,12 @@ class Elementwise:
                     compiled_kernel(s, name, device) if store else value_kernel(s, name, device),
                     compiled_kernel(self._gradient, name, device) if ahead else None,
                     store)
-            except Exception:
+            except BaseException:  # a compile error, or Ctrl-C: nothing should wait for the gradient's compile
                 if ahead:
-                    discard_compile(self._gradient, name, device)
+                    try:
+                        discard_compile(self._gradient, name, device)
+                    except Exception:  # never in place of the error being raised
+                        pass
                 raise
         return _Call(s, kernels, shape, dtype, device, wanted,
                      [tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in args],
