@@ -80,8 +80,8 @@ def options(arch):
             "-DNDEBUG"] + ["-I" + d for d in include_dirs()]
 
 
-def compile_cubin(spec, dtype, arch):
-    """The cubin of (spec, dtype) for sm_<arch> (e.g. 90), from the disk cache or compiled now."""
+def _cubin_path(spec, dtype, arch):
+    """(source, NVRTC options, cache file) of (spec, dtype)'s cubin for sm_<arch>."""
     src = spec.source(dtype, "cuda")
     opts = options(arch)
     h = hashlib.sha256()
@@ -90,19 +90,49 @@ def compile_cubin(spec, dtype, arch):
     for name in sorted(os.listdir(SHIM)):
         with open(os.path.join(SHIM, name), "rb") as fh:
             h.update(fh.read())
-    path = os.path.join(jit.cache_dir(), "dc_%s.sm%d.cubin" % (h.hexdigest()[:32], arch))
+    return src, opts, os.path.join(jit.cache_dir(), "dc_%s.sm%d.cubin" % (h.hexdigest()[:32], arch))
+
+
+def _compile_and_cache(spec, src, opts, path):
+    cubin = _nvrtc_compile(src, spec.body, opts)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = "%s.%d.%d.tmp" % (path, os.getpid(), threading.get_ident())
+    with open(tmp, "wb") as fh:
+        fh.write(cubin)
+    os.replace(tmp, path)
+    with jit._lock:
+        jit.stats["compiled"] += 1
+    return cubin
+
+
+def start_compile(spec, dtype, arch, device=None):
+    """Starts compiling (spec, dtype)'s cubin for sm_<arch> on a worker thread (jit.compile_ahead):
+    NVRTC only, no GPU context; a later compile_cubin of it waits for it instead of compiling.
+    Nothing to do where GPU `device` (an index) has the kernel loaded already."""
+    with _lock:
+        if (spec.source(dtype, "cuda"), device) in _kernels:
+            return
+    src, opts, path = _cubin_path(spec, dtype, arch)
+    jit.compile_ahead(path, lambda: _compile_and_cache(spec, src, opts, path))
+
+
+def discard_compile(spec, dtype, arch):
+    """Drops start_compile(spec, dtype, arch)'s compile (jit.discard_ahead)."""
+    jit.discard_ahead(_cubin_path(spec, dtype, arch)[2])
+
+
+def compile_cubin(spec, dtype, arch):
+    """The cubin of (spec, dtype) for sm_<arch> (e.g. 90): from a compile started ahead, else from
+    the disk cache, else compiled now."""
+    src, opts, path = _cubin_path(spec, dtype, arch)
+    started, cubin = jit.compiled_ahead(path)
+    if started:
+        return cubin
     if os.path.isfile(path):
         with open(path, "rb") as fh:
             jit.stats["loaded_from_disk"] += 1
             return fh.read()
-    cubin = _nvrtc_compile(src, spec.body, opts)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = "%s.%d.tmp" % (path, os.getpid())
-    with open(tmp, "wb") as fh:
-        fh.write(cubin)
-    os.replace(tmp, path)
-    jit.stats["compiled"] += 1
-    return cubin
+    return _compile_and_cache(spec, src, opts, path)
 
 
 def _nvrtc_compile(src, body, opts):

@@ -26,7 +26,7 @@ import functools
 import torch
 
 from . import jit, torch_library
-from .torch_library import compiled_kernel, launch, same_dtype, value_kernel
+from .torch_library import compiled_kernel, discard_compile, launch, same_dtype, start_compile, value_kernel
 
 __all__ = ["elementwise", "Elementwise"]
 
@@ -125,10 +125,21 @@ class Elementwise:
         if kernels is None and not (self._ops is not None and _compiling()):
             name = _DTYPES[dtype]
             store = bool(wanted) and not self._gradient
-            kernels = self._kernels[key] = (
-                compiled_kernel(s, name, device) if store else value_kernel(s, name, device),
-                compiled_kernel(self._gradient, name, device) if self._gradient and wanted else None,
-                store)
+            ahead = bool(self._gradient and wanted)
+            if ahead:
+                start_compile(self._gradient, name, device)  # side by side with the values kernel
+            try:
+                kernels = self._kernels[key] = (
+                    compiled_kernel(s, name, device) if store else value_kernel(s, name, device),
+                    compiled_kernel(self._gradient, name, device) if ahead else None,
+                    store)
+            except BaseException:  # a compile error, or Ctrl-C: nothing should wait for the gradient's compile
+                if ahead:
+                    try:
+                        discard_compile(self._gradient, name, device)
+                    except Exception:  # never in place of the error being raised
+                        pass
+                raise
         return _Call(s, kernels, shape, dtype, device, wanted,
                      [tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in args],
                      [a.dtype if isinstance(a, torch.Tensor) else None for a in args])

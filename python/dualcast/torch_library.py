@@ -43,6 +43,31 @@ def compiled_kernel(spec, dtype_name, device):
     return jit.compile_kernel(spec, dtype_name)
 
 
+def _arch(device):
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    major, minor = torch.cuda.get_device_capability(index)
+    return major * 10 + minor, index
+
+
+def start_compile(spec, dtype_name, device):
+    """Starts compiling spec's kernel for dtype_name on device on a worker thread, for a later
+    compiled_kernel of it to wait for (jit.compile_ahead): the gradient kernel, while the first call
+    compiles its values kernel."""
+    if device.type == "cuda":
+        arch, index = _arch(device)
+        cuda.start_compile(spec, dtype_name, arch, index)
+    else:
+        jit.start_compile(spec, dtype_name)
+
+
+def discard_compile(spec, dtype_name, device):
+    """Drops start_compile's compile of spec (the call that wanted it failed)."""
+    if device.type == "cuda":
+        cuda.discard_compile(spec, dtype_name, _arch(device)[0])
+    else:
+        jit.discard_compile(spec, dtype_name)
+
+
 def strides_over(t, shape):
     """t's element strides read over the broadcast `shape` (0 where t is broadcast), without a view."""
     sh, st = t.shape, t.stride()

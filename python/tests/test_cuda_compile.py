@@ -153,6 +153,33 @@ def test_a_cubin_comes_from_the_disk_cache_the_second_time():
     assert jit.stats["loaded_from_disk"] - before["loaded_from_disk"] == 1
 
 
+def test_a_cubin_compiled_ahead_is_the_one_compiled_in_turn():
+    spec = jit.Spec(CELL.replace("return c;", "return c * T(0.5);"), "z zb c f i g", "c f i g")  # in no cache
+    grad = spec.gradient()
+    before = dict(jit.stats)
+    cuda.start_compile(grad, "float32", ARCH)  # NVRTC on a worker thread, beside the values kernel
+    values = cuda.compile_cubin(spec.values(), "float32", ARCH)
+    ahead = cuda.compile_cubin(grad, "float32", ARCH)
+    assert jit.stats["compiled"] - before["compiled"] == 2, jit.stats
+    assert jit.stats["loaded_from_disk"] - before["loaded_from_disk"] == 0, jit.stats
+    assert is_cubin(values) and is_cubin(ahead) and not jit._ahead
+    _, _, path = cuda._cubin_path(grad, "float32", ARCH)
+    os.remove(path)  # compiled again in turn: the same program (NVRTC's cubins differ run to run in
+    again = cuda.compile_cubin(grad, "float32", ARCH)  # about 128 bytes of identifiers, so not bytewise)
+    assert is_cubin(again) and len(again) == len(ahead)
+
+
+def test_an_nvrtc_error_started_ahead_is_raised_where_the_cubin_is_asked_for():
+    spec = jit.Spec("T s = x;\nreturn not_a_function(s);", "x", "x")
+    cuda.start_compile(spec, "float32", ARCH)
+    try:
+        cuda.compile_cubin(spec, "float32", ARCH)
+    except jit.CompileError as e:
+        assert "NVRTC" in str(e) and "line 2 of the body: return not_a_function(s);" in str(e), str(e)
+    else:
+        raise AssertionError("an undefined function compiled under NVRTC")
+
+
 def test_an_nvrtc_error_names_the_users_line():
     body = "T s = x * 2;\nif (s > 1)\n  return undefined_function(s);\nreturn s;"
     try:

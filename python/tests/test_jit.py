@@ -514,6 +514,76 @@ def test_a_second_process_compiles_nothing():
     assert r.stdout.split() == ["0", "1"], r.stdout
 
 
+def test_a_compile_started_ahead_is_waited_for_not_repeated():
+    spec = jit.Spec("return x * 11 + 1;", "x", "x")
+    before = dict(jit.stats)
+    jit.start_compile(spec, "float64")
+    jit.start_compile(spec, "float64")  # under way already: nothing more
+    k = jit.compile_kernel(spec, "float64")
+    assert jit.stats["compiled"] - before["compiled"] == 1, jit.stats
+    assert jit.stats["loaded_from_disk"] - before["loaded_from_disk"] == 0, jit.stats
+    assert not jit._ahead, "a finished compile stayed in the queue"
+    outs, parts = run(k, (2,), [((2,), [1.0, 2.0])])
+    assert outs[0] == [12.0, 23.0] and parts[0] == [11.0, 11.0], (outs, parts)
+    jit.start_compile(spec, "float64")  # in memory: nothing to do
+    assert not jit._ahead and jit.compile_kernel(spec, "float64") is k
+
+
+def test_a_compile_error_started_ahead_is_raised_where_the_kernel_is_asked_for():
+    spec = jit.Spec("T s = x;\nreturn not_a_function(s);", "x", "x")
+    jit.start_compile(spec, "float64")
+    try:
+        jit.compile_kernel(spec, "float64")
+    except jit.CompileError as e:
+        assert "line 2 of the body: return not_a_function(s);" in str(e), str(e)
+    else:
+        raise AssertionError("a body calling an undefined function compiled")
+    jit.compile_kernel(jit.Spec("return x + 5;", "x", "x"), "float64")  # and the next one works
+
+
+def test_threads_asking_for_a_kernel_compiled_ahead_share_one_compile():
+    import threading
+    spec = jit.Spec("return x * 13 - 2;", "x", "x")
+    before = dict(jit.stats)
+    jit.start_compile(spec, "float64")
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(jit.compile_kernel(spec, "float64"))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 4 and all(k is got[0] for k in got)
+    assert jit.stats["compiled"] - before["compiled"] == 1, jit.stats
+    assert not jit._ahead, "a finished compile stayed in the queue"
+
+
+def test_a_forked_child_compiles_ahead_with_workers_of_its_own():
+    import time
+    first = jit.Spec("return x * 17;", "x", "x")
+    jit.start_compile(first, "float64")  # the parent's workers exist now
+    jit.compile_kernel(first, "float64")
+    pid = os.fork()
+    if pid == 0:  # the child: its parent's worker threads did not come along
+        try:
+            spec = jit.Spec("return x * 19;", "x", "x")
+            jit.start_compile(spec, "float64")
+            outs, _ = run(jit.compile_kernel(spec, "float64"), (1,), [((1,), [2.0])])
+            os._exit(0 if outs[0] == [38.0] else 1)
+        except BaseException:
+            os._exit(2)
+    deadline = time.time() + 120
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.time() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            raise AssertionError("the forked child hung waiting for a compile started ahead")
+        time.sleep(0.05)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+
+
 def test_the_memory_cache_returns_the_same_kernel():
     a = jit.compile_kernel(jit.Spec("return x * 3;", "x", "x"), "float64")
     b = jit.compile_kernel(jit.Spec("return x * 3;", "x", "x"), "float64")

@@ -273,6 +273,33 @@ def needs_cuda():
         raise Skip("no CUDA device")
 
 
+def _first_call_compiles_both_kernels(device, scale):
+    """A function's first call with gradients wanted compiles its values kernel and, beside it on a
+    worker thread, its gradient kernel; `scale` makes the body one no cache holds yet."""
+    from dualcast import jit
+    cell = elementwise("return sigmoid(x) * y + T(%r) * x;" % scale, inputs="x y", differentiable="x y")
+    x = torch.randn(7, 5, dtype=torch.float64, device=device, requires_grad=True)
+    y = torch.randn(5, dtype=torch.float64, device=device, requires_grad=True)
+    before = dict(jit.stats)
+    out = cell(x, y)
+    assert jit.stats["compiled"] - before["compiled"] == 2, jit.stats
+    assert not jit._ahead, "the gradient kernel's compile was not waited for"
+    out.sum().backward()
+    xr, yr = x.detach().clone().requires_grad_(), y.detach().clone().requires_grad_()
+    (torch.sigmoid(xr) * yr + scale * xr).sum().backward()
+    torch.testing.assert_close(x.grad, xr.grad)
+    torch.testing.assert_close(y.grad, yr.grad)
+
+
+def test_the_first_call_compiles_the_gradient_kernel_beside_the_values_kernel():
+    _first_call_compiles_both_kernels("cpu", 0.375)
+
+
+def test_on_the_gpu_the_first_call_compiles_the_gradient_kernel_beside_the_values_kernel():
+    needs_cuda()
+    _first_call_compiles_both_kernels("cuda", 0.625)
+
+
 def test_gpu_equals_cpu_values_and_gradients():
     needs_cuda()
     for policy in POLICIES:
