@@ -178,6 +178,12 @@ def driver():
         except OSError as e:
             raise RuntimeError("dualcast.cuda: cannot load the CUDA driver (libcuda.so.1): %s" % e) from e
         _cu_check(_cuda.cuInit(0), "cuInit")
+        # Typed once, so that a launch passes Python ints (addresses, the stream) without wrapping
+        # each in a ctypes object: an untyped int argument would be a C int, too narrow for them.
+        vp, u = ctypes.c_void_p, ctypes.c_uint
+        _cuda.cuLaunchKernel.argtypes = [vp, u, u, u, u, u, u, u, vp, vp, vp]
+        _cuda.cuCtxPushCurrent_v2.argtypes = [vp]
+        _cuda.cuCtxPopCurrent_v2.argtypes = [ctypes.POINTER(vp)]
     return _cuda
 
 
@@ -269,11 +275,10 @@ class CudaKernel:
             self._fast_blocks = _resident_blocks(self._fn[("fast", 32)])
         self._Args = args_type(spec)
         self._itemsize = ITEMSIZE[dtype]
-        self._plans = jit.LaunchPlans(spec)
+        self.plans = jit.LaunchPlans(spec)
 
-    def _plan(self, shape, in_strides):
-        """(Args with the shape, strides and walk filled in, the cuda_kernel.Plan (walk, grid), entry
-        point) of a coalesced call shape, or None for an empty one."""
+    def _launch(self, shape, in_strides):
+        """The _Launch of a coalesced call shape (None for an empty one: nothing to compute)."""
         nd = len(shape)
         if nd > jit.MAX_DIMS:
             raise ValueError("dualcast.elementwise: a %d-dimensional broadcast shape; at most %d" % (nd, jit.MAX_DIMS))
@@ -288,24 +293,48 @@ class CudaKernel:
         for i, st in enumerate(in_strides):
             for d, x in enumerate(st):
                 a.in_strides[i * jit.MAX_DIMS + d] = x
-        return bytes(a), p, self._fn[("fast" if p.walk == "fast" else "general", p.bits)]
+        return _Launch(self, bytes(a), p, self._fn[("fast" if p.walk == "fast" else "general", p.bits)])
+
+    def launch_for(self, key, shape, in_strides, n_out, n_partials):
+        """The ready launch for a caller's layout key (jit.LaunchPlans.by_layout), or None for an
+        empty call; call it with the stream and the input, output and partial addresses."""
+        return self.plans.by_layout(key, shape, in_strides, n_out, n_partials, self._launch)
 
     def run(self, stream, shape, inputs, in_strides, outputs, partials):
         """As jit.Kernel.run, on device memory, queued on `stream` (a CUstream handle; 0: the legacy
         default stream). Returns without waiting for the GPU."""
-        plan = self._plans.get(shape, inputs, in_strides, outputs, partials, self._plan)
-        if plan is None:
-            return  # nothing to compute
-        template, p, fn = plan
-        a = self._Args.from_buffer_copy(template)  # the shape, strides and walk; the addresses per call
+        go = self.plans.get(shape, inputs, in_strides, outputs, partials, self._launch)
+        if go is not None:
+            go(stream, inputs, outputs, [p or 0 for p in partials])
+
+
+_popped = ctypes.c_void_p()  # cuCtxPopCurrent_v2's answer, not read (every thread writes its own context)
+
+
+class _Launch:
+    """One call shape of a CudaKernel: the Args bytes with the shape, strides and walk filled in, the
+    cuda_kernel.Plan (walk, grid) and the entry point; the addresses per call."""
+
+    __slots__ = ("_kernel", "_template", "plan", "_fn")
+
+    def __init__(self, kernel, template, plan, fn):
+        self._kernel, self._template, self.plan, self._fn = kernel, template, plan, fn
+
+    def __call__(self, stream, inputs, outputs, partials):
+        k, p = self._kernel, self.plan
+        a = k._Args.from_buffer_copy(self._template)
         a.in_[:] = inputs
         a.out[:] = outputs
         a.partials[:len(partials)] = partials
         a.vec = cuda_kernel.vector_ok(p, inputs, outputs, partials)  # a view may start mid-vector
         params = (ctypes.c_void_p * 1)(ctypes.addressof(a))  # one parameter: the Args struct, by value
-        with _InContext(self._ctx):
-            _cu_check(driver().cuLaunchKernel(fn, p.grid[0], p.grid[1], 1, THREADS, 1, 1, 0, ctypes.c_void_p(stream),
-                                              params, None), "cuLaunchKernel of %d x %d blocks" % p.grid)
+        cu = _cuda
+        _cu_check(cu.cuCtxPushCurrent_v2(k._ctx), "cuCtxPushCurrent_v2")
+        try:
+            _cu_check(cu.cuLaunchKernel(self._fn, p.grid[0], p.grid[1], 1, THREADS, 1, 1, 0, stream, params, None),
+                      "cuLaunchKernel of %d x %d blocks" % p.grid)
+        finally:
+            cu.cuCtxPopCurrent_v2(_popped)
 
 
 _kernels = {}
@@ -320,7 +349,7 @@ def set_fast_walk(enabled):
     with _lock:
         _fast_walk = bool(enabled)
         for k in _kernels.values():
-            k._plans = jit.LaunchPlans(k.spec)
+            k.plans = jit.LaunchPlans(k.spec)
 
 
 def compile_kernel(spec, dtype, device):

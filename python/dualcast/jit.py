@@ -232,14 +232,17 @@ def coalesce(shape, in_strides):
 
 
 class LaunchPlans:
-    """launch_shape's results by call shape: a kernel called again on tensors of the same shapes and
-    strides (every step of a model) skips the checks and the coalescing. Bounded: a kernel called
-    on ever new shapes starts over."""
+    """A kernel's launches made ready by call shape: a kernel called again on tensors of the same
+    shapes and strides (every step of a model) skips the checks, the coalescing and the packing of
+    the shape and strides. `get` looks them up by the call shape and per-input strides over it;
+    `by_layout` by a caller's own key of the same information (dualcast.torch's: each tensor's shape
+    and strides as PyTorch gives them, cheaper to read than strides over the broadcast shape).
+    Bounded: a kernel called on ever new shapes starts over."""
 
     LIMIT = 512
 
     def __init__(self, spec):
-        self.spec, self._plans = spec, {}
+        self.spec, self._plans, self._layouts = spec, {}, {}
 
     def get(self, shape, inputs, in_strides, outputs, partials, make):
         key = (tuple(shape), tuple(map(tuple, in_strides)), len(inputs), len(outputs), len(partials))
@@ -248,6 +251,18 @@ class LaunchPlans:
             if len(self._plans) >= self.LIMIT:
                 self._plans = {}
             plan = self._plans[key] = make(*launch_shape(self.spec, shape, inputs, in_strides, outputs, partials))
+        return plan
+
+    def by_layout(self, key, shape, in_strides, n_out, n_partials, make):
+        """The launch for a caller's layout key; on a miss, in_strides() gives the per-input strides
+        over `shape` and the launch is made (and checked) as by `get`."""
+        plan = self._layouts.get(key, self)
+        if plan is self:
+            if len(self._layouts) >= self.LIMIT:
+                self._layouts = {}
+            strides = in_strides()
+            plan = self._layouts[key] = self.get(shape, [0] * len(strides), strides, [0] * n_out, [0] * n_partials,
+                                                 make)
         return plan
 
 
@@ -268,11 +283,35 @@ def launch_shape(spec, shape, inputs, in_strides, outputs, partials):
     return coalesce(shape, in_strides)
 
 
-class _Args(ctypes.Structure):
-    _fields_ = [("ndim", ctypes.c_int64), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("in_", ctypes.POINTER(ctypes.c_void_p)), ("in_strides", ctypes.POINTER(ctypes.c_int64)),
-                ("out", ctypes.POINTER(ctypes.c_void_p)), ("partials", ctypes.POINTER(ctypes.c_void_p)),
-                ("threads", ctypes.c_int64)]
+# dualcast_jit_run's Args (kernel_source.CPU_KERNEL), read as 64-bit words: ndim, shape*, in*,
+# in_strides*, out*, partials*, threads. A call passes one array of int64: these seven words, then the
+# input, output and partial addresses the three pointers point into (one ctypes object per call).
+_ARGS_WORDS = 7
+
+
+class _Launch:
+    """One call shape of a Kernel, coalesced and checked: the shape and strides packed once, the
+    addresses per call."""
+
+    __slots__ = ("_run", "_keep", "_nd", "_shape", "_strides", "_nin", "_nout", "_type")
+
+    def __init__(self, run, shape, in_strides, n_out, n_partials):
+        nd = len(shape)
+        c_shape = (ctypes.c_int64 * max(nd, 1))(*shape)
+        c_strides = (ctypes.c_int64 * max(len(in_strides) * nd, 1))(*[x for st in in_strides for x in st])
+        self._run, self._keep, self._nd = run, (c_shape, c_strides), nd
+        self._shape, self._strides = ctypes.addressof(c_shape), ctypes.addressof(c_strides)
+        self._nin, self._nout = len(in_strides), n_out
+        self._type = ctypes.c_int64 * (_ARGS_WORDS + len(in_strides) + n_out + max(n_partials, 1))
+
+    def __call__(self, inputs, outputs, partials, threads=0):
+        a = self._type(self._nd, self._shape, 0, self._strides, 0, 0, threads if threads > 0 else _CPUS,
+                       *inputs, *outputs, *partials)
+        first = ctypes.addressof(a) + 8 * _ARGS_WORDS
+        a[2], a[4], a[5] = first, first + 8 * self._nin, first + 8 * (self._nin + self._nout)
+        rc = self._run(a)
+        if rc != 0:
+            raise RuntimeError("dualcast.jit: the kernel returned %d" % rc)
 
 
 _CPUS = os.cpu_count() or 1
@@ -288,33 +327,24 @@ class Kernel:
         if self._lib.dualcast_jit_abi() != ABI_VERSION:
             raise RuntimeError("dualcast.jit: %s was built for another ABI" % path)
         self._run = self._lib.dualcast_jit_run
-        self._run.argtypes = [ctypes.POINTER(_Args)]
+        self._run.argtypes = [ctypes.c_void_p]
         self._run.restype = ctypes.c_int
-        self._plans = LaunchPlans(spec)
+        self.plans = LaunchPlans(spec)
 
-    @staticmethod
-    def _plan(shape, in_strides):
-        nd = len(shape)
-        return (nd, (ctypes.c_int64 * max(nd, 1))(*shape),
-                (ctypes.c_int64 * max(len(in_strides) * nd, 1))(*[x for st in in_strides for x in st]))
+    def _launch(self, shape, in_strides):
+        return _Launch(self._run, shape, in_strides, self.spec.n_out, self.spec.n_partials)
+
+    def launch_for(self, key, shape, in_strides, n_out, n_partials):
+        """The ready launch for a caller's layout key (LaunchPlans.by_layout); call it with the
+        input, output and partial addresses (0: a partial not wanted) and optionally threads."""
+        return self.plans.by_layout(key, shape, in_strides, n_out, n_partials, self._launch)
 
     def run(self, shape, inputs, in_strides, outputs, partials, threads=0):
         """shape: the broadcast shape; inputs: one address per input; in_strides: per input, its
         element strides over `shape` (0 where broadcast); outputs: M addresses of contiguous
         buffers of prod(shape) elements; partials: M x K addresses or None (not wanted)."""
-        s = self.spec
-        nd, c_shape, c_strides = self._plans.get(shape, inputs, in_strides, outputs, partials, self._plan)
-        a = _Args()
-        a.ndim = nd
-        a.shape = c_shape
-        a.in_ = (ctypes.c_void_p * s.n_in)(*inputs)
-        a.in_strides = c_strides
-        a.out = (ctypes.c_void_p * s.n_out)(*outputs)
-        a.partials = (ctypes.c_void_p * max(len(partials), 1))(*partials)
-        a.threads = threads if threads > 0 else _CPUS
-        rc = self._run(ctypes.byref(a))
-        if rc != 0:
-            raise RuntimeError("dualcast.jit: the kernel returned %d" % rc)
+        go = self.plans.get(shape, inputs, in_strides, outputs, partials, self._launch)
+        go(inputs, outputs, [p or 0 for p in partials], threads)
 
 
 # ---- compiling and caching ---------------------------------------------------------------------

@@ -65,21 +65,27 @@ class Elementwise:
         # A model calls the function with the same kinds of arguments step after step: the checks, the
         # type promotion, the broadcast shape and the kernels are decided once per call signature (the
         # shape, dtype, device and requires_grad of each tensor, the type of each number, grad mode).
-        key = (torch.is_grad_enabled(),) + tuple(
-            (a.shape, a.dtype, a.device, a.requires_grad) if isinstance(a, torch.Tensor) else type(a) for a in args)
+        try:  # all tensors, the common case (a list, not a generator: this runs on every call)
+            key = (torch.is_grad_enabled(), *[(a.shape, a.dtype, a.device, a.requires_grad) for a in args])
+        except AttributeError:  # a number among them
+            key = (torch.is_grad_enabled(), *[(a.shape, a.dtype, a.device, a.requires_grad)
+                                              if isinstance(a, torch.Tensor) else type(a) for a in args])
         call = self._calls.get(key)
         if call is None:
             call = self._prepare(args)
             if len(self._calls) >= _MAX_SIGNATURES:  # a model with ever new shapes: start again
                 self._calls.clear()
             self._calls[key] = call
+        # No tensor that wants a gradient from autograd (grad mode off, or none requires one): the
+        # kernel alone, without an autograd node.
+        run = _values if call.plain else _Function.apply
         device = call.device
         if device.type == "cuda" and device.index != torch.cuda.current_device():
             # On another GPU than the current one: outputs, gradients and launches on the inputs'.
             with torch.cuda.device(device):
-                outs = _Function.apply(call, *args)
+                outs = run(call, *args)
         else:
-            outs = _Function.apply(call, *args)
+            outs = run(call, *args)
         return outs[0] if self.spec.outputs == 1 else outs
 
     def _prepare(self, args):
@@ -142,24 +148,32 @@ class Elementwise:
                 raise
         return _Call(s, kernels, shape, dtype, device, wanted,
                      [tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in args],
-                     [a.dtype if isinstance(a, torch.Tensor) else None for a in args])
+                     [a.dtype if isinstance(a, torch.Tensor) else None for a in args],
+                     plain=not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)))
 
 
 class _Call:
     """What one call signature decided: the kernels (value, gradient, whether partials are stored),
-    the broadcast shape and dtype, the inputs that want a gradient, and the inputs' shapes and dtypes
-    (the gradients are summed back to them)."""
+    the broadcast shape and dtype, the inputs that want a gradient, the inputs' shapes and dtypes
+    (the gradients are summed back to them and converted to them), whether the inputs go to the
+    kernel as they are (all tensors of the kernel's dtype), and whether the call needs no autograd
+    node (plain: no tensor input wants a gradient)."""
 
     __slots__ = ("spec", "value", "gradient", "store", "shape", "dtype", "device", "wanted", "wanted_k",
-                 "input_shapes", "input_dtypes")
+                 "input_shapes", "input_dtypes", "as_is", "plain", "reduce")
 
-    def __init__(self, spec, kernels, shape, dtype, device, wanted, input_shapes, input_dtypes):
+    def __init__(self, spec, kernels, shape, dtype, device, wanted, input_shapes, input_dtypes, plain):
         self.spec = spec
         self.value, self.gradient, self.store = kernels if kernels is not None else (None, None, False)
         self.shape, self.dtype, self.device = shape, dtype, device
         self.wanted = wanted
         self.wanted_k = {spec.differentiable.index(spec.inputs[i]) for i in wanted}
         self.input_shapes, self.input_dtypes = input_shapes, input_dtypes
+        self.as_is = all(d == dtype for d in input_dtypes)
+        self.plain = plain
+        # The wanted gradients that must be summed back to a broadcast input's shape or converted to
+        # its dtype; the others are the gradient kernel's output as it is.
+        self.reduce = [i for i in wanted if input_shapes[i] != shape or input_dtypes[i] != dtype]
 
 
 # Call signatures remembered per function before the memory is cleared.
@@ -211,12 +225,23 @@ def _compiling():
     return False
 
 
-def _kernel_args(args, dtype, device):
+def _kernel_args(call, args):
     """The inputs as tensors of the kernel's dtype (read through their own strides: no expand). A
     number becomes a 0-dim tensor by a fill, not a copy from the host: no synchronisation, and it
     can be captured in a CUDA graph."""
+    if call.as_is:
+        return list(args)
+    dtype, device = call.dtype, call.device
     return same_dtype([a if isinstance(a, torch.Tensor) else torch.full((), a, dtype=dtype, device=device)
                        for a in args], dtype)
+
+
+def _values(call, *args):
+    """The outputs of a call that needs no autograd node: the values kernel alone."""
+    shape, dtype, device = call.shape, call.dtype, call.device
+    outs = tuple(torch.empty(shape, dtype=dtype, device=device) for _ in range(call.spec.outputs))
+    launch(call.value, device, shape, _kernel_args(call, args), outs, [None] * call.value.spec.n_partials)
+    return outs
 
 
 class _Function(torch.autograd.Function):
@@ -225,7 +250,7 @@ class _Function(torch.autograd.Function):
         # call: the _Call of this signature. The value kernel computes values only unless partials are
         # stored (store: a gradient is wanted and there is no gradient kernel).
         s = call.spec
-        xs = _kernel_args(args, call.dtype, call.device)
+        xs = _kernel_args(call, args)
         outs = [torch.empty(call.shape, dtype=call.dtype, device=call.device) for _ in range(s.outputs)]
         parts = None
         if call.store:
@@ -253,7 +278,7 @@ class _Function(torch.autograd.Function):
         if call.gradient is not None:
             saved = iter(ctx.saved_tensors)
             args = [next(saved) if n is None else n for n in ctx.numbers]
-            xs = _kernel_args(args, call.dtype, call.device)
+            xs = _kernel_args(call, args)
             if any(go is None for go in grad_outs):
                 zero = torch.zeros((), dtype=call.dtype, device=call.device)
                 grad_outs = [go if go is not None else zero for go in grad_outs]
@@ -276,7 +301,8 @@ class _Function(torch.autograd.Function):
                     if go is not None:
                         term = go.to(acc) * parts[m * kk + j].to(acc)
                         grads[i] = term if grads[i] is None else grads[i] + term
-        for i in call.wanted:
+        # (The stored partials' products are in acc, so all of them go back to their inputs' dtype.)
+        for i in call.reduce if call.gradient is not None else call.wanted:
             if grads[i] is not None:
                 grads[i] = grads[i].sum_to_size(call.input_shapes[i]).to(call.input_dtypes[i])
         return (None,) + tuple(grads)

@@ -100,15 +100,29 @@ def value_kernel(spec, dtype_name, device):
 
 
 def launch(kernel, device, shape, inputs, outputs, partials):
-    """One kernel over the broadcast `shape`: inputs (of the kernel's dtype) through their strides,
-    contiguous outputs (None: not written)."""
-    args = (list(shape), [x.data_ptr() for x in inputs], [strides_over(x, shape) for x in inputs],
-            [o.data_ptr() if o is not None else 0 for o in outputs],
-            [p.data_ptr() if p is not None else 0 for p in partials])
+    """One kernel over the broadcast `shape` (a tuple): inputs (of the kernel's dtype) through their
+    strides, contiguous outputs (None: not written). The launch is made ready once per layout (each
+    input's shape and strides as PyTorch gives them): a model's every step only reads addresses."""
+    key = (shape, tuple([(x.shape, x.stride()) for x in inputs]), len(outputs), len(partials))
+    go = kernel.launch_for(key, shape, lambda: [strides_over(x, shape) for x in inputs], len(outputs),
+                           len(partials))
+    ins = [x.data_ptr() for x in inputs]
+    outs = [o.data_ptr() if o is not None else 0 for o in outputs]
+    parts = [p.data_ptr() if p is not None else 0 for p in partials]
     if device.type == "cuda":
-        kernel.run(torch.cuda.current_stream(device).cuda_stream, *args)
+        if go is not None:  # None: an empty call
+            go(_current_stream(device), ins, outs, parts)
     else:
-        kernel.run(*args)
+        go(ins, outs, parts)
+
+
+def _current_stream(device):
+    """PyTorch's current stream on `device` as a CUstream handle (the raw call skips making a
+    torch.cuda.Stream object per launch; it is what torch.compile's generated code calls)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw(device.index if device.index is not None else torch.cuda.current_device())
+    return torch.cuda.current_stream(device).cuda_stream
 
 
 def ops_for(spec):

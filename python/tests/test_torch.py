@@ -122,6 +122,42 @@ def test_numbers_and_inputs_without_gradients():
     assert a.grad.tolist() == [3.0, 3.0]
 
 
+def test_a_call_without_gradients_makes_no_autograd_node_and_keeps_the_others():
+    # The kernel alone when no input wants a gradient (grad mode off, or none requires one); an input
+    # that requires a gradient but is not differentiated still gets a node (its gradient is None).
+    f = elementwise("return a * b;", inputs="a b", differentiable="a")
+    a, b = torch.tensor([1.0, 2.0]), torch.tensor([3.0, 4.0], requires_grad=True)
+    out = f(a, a)
+    assert out.grad_fn is None and not out.requires_grad and out.tolist() == [1.0, 4.0]
+    with torch.no_grad():
+        out = f(a.clone().requires_grad_(), a)
+    assert out.grad_fn is None and out.tolist() == [1.0, 4.0]
+    out = f(a, b)
+    assert out.requires_grad and out.grad_fn is not None
+    out.sum().backward()
+    assert b.grad is None  # b is not differentiated: no gradient, no error
+
+
+def test_the_same_signature_with_other_strides_reads_each_layout_right():
+    # One call signature (shapes, dtypes, devices), many layouts: contiguous, transposed views, a
+    # broadcast expand and a sliced view. Each layout gets its own launch.
+    f = elementwise("return x * 2 + y;", inputs="x y", differentiable="x y")
+    gen = torch.Generator().manual_seed(3)
+    def rand(*shape):
+        return torch.rand(*shape, generator=gen, dtype=torch.float64)
+
+    base, tall = rand(6, 5), rand(10, 5)
+    layouts = [base[:5].clone(), base[:5].t(), base[1:6], tall[::2], rand(1, 5).expand(5, 5),
+               rand(5, 1).expand(5, 5)]
+    for x in layouts:
+        for y in layouts:
+            assert torch.equal(f(x, y), x * 2 + y), (x.stride(), y.stride())  # the views themselves
+            xg, yg = x.clone().requires_grad_(), y.clone().requires_grad_()
+            out = f(xg, yg)
+            out.backward(torch.ones_like(out))
+            assert torch.equal(xg.grad, torch.full_like(xg, 2.0)) and torch.equal(yg.grad, torch.ones_like(yg))
+
+
 def test_type_promotion_over_many_tensors_follows_pytorch():
     f = elementwise("return a + b + c;", inputs="a b c", differentiable="a")
     x32, x64 = torch.ones(2), torch.ones(2, dtype=torch.float64)
