@@ -1,7 +1,8 @@
 """The HM-LSTM character model written in PyTorch (experiments/peers/hmlstm.py, the peers' model)
 trained on the license corpus with its cell update as a dualcast.torch.elementwise kernel, against
 the same model with the cell in PyTorch eager ops and with the cell step under torch.compile
-(issue 33, item 5). Every variant starts from the same parameters and reads the same minibatches,
+(issue 33, item 5). The dualcast variant runs the layer-step's boundary detector as a second
+dualcast function, as the native model does, so that it fuses what torch.compile fuses. Every variant starts from the same parameters and reads the same minibatches,
 so their bits/char curves must agree to float32 rounding; what differs is the time per step.
 
 The recipe is dualcast's native character LM's (experiments/hmlstm/charlm.hpp): the corpus mapped to
@@ -84,16 +85,36 @@ def initial_params(H, V, seed):
     return {k: v.astype(np.float32) for k, v in P.items()}
 
 
+# The boundary detector of hmlstm.hm_pointwise with the straight-through estimator, as the native
+# model's BoundarySte (experiments/hmlstm/network.hpp): value step(z~) with z~ = clamp((a s + 1) / 2,
+# 0, 1), derivative that of z~ (a / 2 on the open interior, 0 elsewhere). u + (step - u's value) is
+# exactly step (Sterbenz) and carries u's partial.
+DUALCAST_BOUNDARY = """
+    const D u = (a * s + 1) * 0.5;
+    if (u <= 0) return 0;
+    if (u >= 1) return 1;
+    return u + ((u > 0.5 ? 1 : 0) - value(u));
+"""
+
+
 def make_pointwise(kind):
-    """(zflag, zbflag, c, h, s, a) -> (c, h, z) with the cell as `kind`."""
+    """(zflag, zbflag, c, h, s, a) -> (c, h, z): the layer-step's elementwise work (the cell and the
+    boundary detector) as dualcast.torch functions (kind "dualcast": two fused kernels forward, two
+    backward, as the native model's), as PyTorch eager ops ("eager"), or those ops under
+    torch.compile ("compile"), which fuses them the same way."""
     if kind == "dualcast":
         from dualcast.torch import elementwise
         cell = elementwise(DUALCAST_CELL_B, inputs="z zb c h f i o g", differentiable="c h f i o g", outputs=2)
-    else:
-        cell = None  # hmlstm.cell_b on torch ops
+        boundary = elementwise(DUALCAST_BOUNDARY, inputs="s a", differentiable="s")
+
+        def pointwise(zflag, zbflag, c, h, s, a):
+            H = c.shape[1]
+            c_new, h_new = cell(zflag, zbflag, c, h, s[:, :H], s[:, H:2 * H], s[:, 2 * H:3 * H], s[:, 3 * H:4 * H])
+            return c_new, h_new, boundary(s[:, 4 * H:4 * H + 1], a)
+        return pointwise
 
     def pointwise(zflag, zbflag, c, h, s, a):
-        return hmlstm.hm_pointwise(TorchOps, zflag, zbflag, c, h, s, a, cell=cell)
+        return hmlstm.hm_pointwise(TorchOps, zflag, zbflag, c, h, s, a)
     if kind == "compile":
         return torch.compile(pointwise, dynamic=False)
     assert kind in ("dualcast", "eager"), kind
