@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <utility>
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
@@ -398,7 +399,27 @@ Buffer::Buffer(std::size_t bytes, Device device) : bytes_(bytes), device_(device
 #endif
 }
 
+Buffer Buffer::adopt(void* data, std::size_t bytes, Device device, std::function<void()> release) {
+  Buffer b;
+  b.data_ = data;
+  b.bytes_ = bytes;
+  b.device_ = device;
+  b.adopted_release_ = std::move(release);
+  return b;
+}
+
 void Buffer::release() noexcept {
+  if (adopted_release_) {
+    // Another library's memory: its owner's release (a DLPack deleter), once, whatever it throws.
+    auto release = std::move(adopted_release_);
+    adopted_release_ = nullptr;
+    data_ = nullptr;
+    try {
+      release();
+    } catch (...) {
+    }
+    return;
+  }
   if (!data_) return;
   if (device_.is_cpu()) {
     std::free(data_);
@@ -419,9 +440,10 @@ Buffer::~Buffer() { release(); }
 
 Buffer::Buffer(Buffer&& other) noexcept
     : data_(other.data_), bytes_(other.bytes_), block_bytes_(other.block_bytes_),
-      device_(other.device_) {
+      device_(other.device_), adopted_release_(std::move(other.adopted_release_)) {
   other.data_ = nullptr;
   other.bytes_ = other.block_bytes_ = 0;
+  other.adopted_release_ = nullptr;
 }
 
 Buffer& Buffer::operator=(Buffer&& other) noexcept {
@@ -431,8 +453,10 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
     bytes_ = other.bytes_;
     block_bytes_ = other.block_bytes_;
     device_ = other.device_;
+    adopted_release_ = std::move(other.adopted_release_);
     other.data_ = nullptr;
     other.bytes_ = other.block_bytes_ = 0;
+    other.adopted_release_ = nullptr;
   }
   return *this;
 }

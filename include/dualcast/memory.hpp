@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "dualcast/device.hpp"
 
@@ -32,11 +33,15 @@ void empty_cache(Device device);
 void reset_peak_memory_stats(Device device);
 
 /// Owns `bytes` of memory on a device: host memory (64-byte aligned) or a block of the caching
-/// device allocator. Move-only: a deep copy is always an explicit Tensor::clone().
+/// device allocator, or memory owned elsewhere (`adopt`: another library's tensor, through
+/// DLPack). Move-only: a deep copy is always an explicit Tensor::clone().
 class Buffer {
  public:
   Buffer() = default;
   Buffer(std::size_t bytes, Device device);
+  /// Memory that dualcast neither allocated nor frees: `release` runs once, when the buffer goes
+  /// (a DLPack deleter, dlpack.hpp). Not counted in memory_stats.
+  static Buffer adopt(void* data, std::size_t bytes, Device device, std::function<void()> release);
   ~Buffer();
   Buffer(Buffer&& other) noexcept;
   Buffer& operator=(Buffer&& other) noexcept;
@@ -53,6 +58,7 @@ class Buffer {
   std::size_t bytes_ = 0;
   std::size_t block_bytes_ = 0;  // size class actually reserved (device blocks)
   Device device_{};
+  std::function<void()> adopted_release_;  // set: the memory is another owner's (adopt)
 };
 
 /// Copies `bytes` between any two devices (host<->device, device<->device, host<->host). A copy to
