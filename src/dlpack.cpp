@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -50,8 +51,8 @@ DLDataType dl_dtype(DType t) {
 std::string describe(DLDataType t) {
   const char* code = t.code == dlpack::kDLInt ? "int" : t.code == dlpack::kDLUInt ? "uint"
                      : t.code == dlpack::kDLFloat ? "float" : t.code == dlpack::kDLBfloat ? "bfloat" : nullptr;
-  std::string s = code ? std::string(code) : "type code " + std::to_string(t.code) + " of ";
-  s += std::to_string(t.bits);
+  std::string s = code ? std::string(code) + std::to_string(t.bits)
+                       : "type code " + std::to_string(t.code) + " (" + std::to_string(t.bits) + " bits)";
   if (t.lanes != 1) s += " x " + std::to_string(t.lanes) + " lanes";
   return s;
 }
@@ -78,7 +79,8 @@ std::string list(const std::int64_t* v, int n) {
 
 DLManagedTensor* to_dlpack(const Tensor& t) {
   check_defined(t, "to_dlpack", "t");
-  auto* e = new Exported{t, {}, {}, {}};
+  auto owned = std::make_unique<Exported>(Exported{t, {}, {}, {}});  // freed if filling it throws
+  Exported* e = owned.get();
   for (int d = 0; d < t.rank(); ++d) {
     e->shape.push_back(t.shape()[d]);
     e->strides.push_back(t.strides()[d]);
@@ -94,7 +96,7 @@ DLManagedTensor* to_dlpack(const Tensor& t) {
   dl.byte_offset = 0;
   e->managed.manager_ctx = e;
   e->managed.deleter = [](DLManagedTensor* self) { delete static_cast<Exported*>(self->manager_ctx); };
-  return &e->managed;
+  return &owned.release()->managed;
 }
 
 Tensor from_dlpack(DLManagedTensor* m) {
@@ -107,9 +109,10 @@ Tensor from_dlpack(DLManagedTensor* m) {
   std::vector<std::int64_t> dims(dl.shape, dl.shape + dl.ndim);
   for (std::int64_t n : dims) DUALCAST_CHECK(n >= 0, "from_dlpack: argument m: shape ", list(dl.shape, dl.ndim));
   const Shape shape(dims);
+  const std::int64_t numel = checked_numel("from_dlpack", "m", shape);  // before any product of dims
   const DType dtype = dualcast_dtype(dl.dtype);
   Device device = Device::cpu();
-  if (dl.device.device_type == dlpack::kDLCUDA) {
+  if (dl.device.device_type == dlpack::kDLCUDA || dl.device.device_type == dlpack::kDLCUDAManaged) {
     try {
       device = Device::cuda(dl.device.device_id);  // an Error where this process cannot use that GPU
     } catch (const Error& e) {
@@ -120,9 +123,9 @@ Tensor from_dlpack(DLManagedTensor* m) {
   } else {
     DUALCAST_CHECK(dl.device.device_type == dlpack::kDLCPU || dl.device.device_type == dlpack::kDLCUDAHost,
                    "from_dlpack: argument m: device type ", dl.device.device_type,
-                   " (dualcast takes CPU, CUDA-pinned host and CUDA memory: types 1, 3 and 2)");
+                   " (dualcast takes CPU, CUDA-pinned host, CUDA and CUDA managed memory: types 1, 3, 2 and 13)");
   }
-  if (dl.strides != nullptr && shape.numel() > 0) {
+  if (dl.strides != nullptr && numel > 0) {
     // Row-major and compact; a dimension of size 1 may carry any stride (PyTorch gives them odd ones).
     std::int64_t expect = 1;
     for (int d = dl.ndim - 1; d >= 0; --d) {
@@ -133,7 +136,7 @@ Tensor from_dlpack(DLManagedTensor* m) {
     }
   }
   void* data = dl.data ? static_cast<char*>(dl.data) + dl.byte_offset : nullptr;
-  DUALCAST_CHECK(data != nullptr || shape.numel() == 0, "from_dlpack: argument m: no data for shape ", shape.str());
+  DUALCAST_CHECK(data != nullptr || numel == 0, "from_dlpack: argument m: no data for shape ", shape.str());
   DUALCAST_CHECK(reinterpret_cast<std::uintptr_t>(data) % dtype_size(dtype) == 0, "from_dlpack: argument m: data at ",
                  data, " is not aligned to its ", dtype_name(dtype), " elements");
   // Tensor::wrap leaves m with the caller when it throws (it checks the same again).

@@ -11,6 +11,9 @@
 
 #include "dualcast/dlpack.hpp"
 #include "dualcast/error.hpp"
+#include "dualcast/graph.hpp"
+#include "dualcast/memory.hpp"
+#include "dualcast/stream.hpp"
 #include "dualcast/ops/elementwise.hpp"
 #include "dualcast/ops/reduce.hpp"
 #include "test_util.hpp"
@@ -82,8 +85,12 @@ TEST_P(DlpackOnDevices, AnExportedTensorOutlivesItsLastDualcastHandleUntilTheDel
     const Tensor t = Tensor::from_vector<float>({2, 3}, {1, 2, 3, 4, 5, 6}, dev);
     m = to_dlpack(t);
   }
-  // Only the DLPack tensor holds the memory now; taking it back reads the same values in place.
+  // Only the DLPack tensor holds the memory now: a new tensor of the same size must get other memory
+  // (the caching allocator would hand back a freed block), and taking the DLPack tensor back reads
+  // the same values in place.
+  const Tensor other = Tensor::full({2, 3}, -1.0, DType::float32, dev);
   void* data = m->dl_tensor.data;
+  EXPECT_NE(other.raw_data(), data);
   const Tensor back = from_dlpack(m);
   EXPECT_EQ(back.raw_data(), data);
   EXPECT_EQ(back.to_vector<float>(), (std::vector<float>{1, 2, 3, 4, 5, 6}));
@@ -114,6 +121,27 @@ TEST_P(DlpackOnDevices, ZeroDimensionalAndEmptyTensorsRoundTrip) {
   EXPECT_EQ(e2.numel(), 0);
 }
 
+TEST_P(DlpackOnDevices, ANarrowedTensorExportsItsOwnFirstElement) {
+  const Device dev = GetParam();
+  DUALCAST_SKIP_IF_UNAVAILABLE(dev);
+  const Tensor t = Tensor::from_vector<float>({4, 2}, {1, 2, 3, 4, 5, 6, 7, 8}, dev);
+  const Tensor rows = t.narrow(1, 2);  // rows 1 and 2: 8 bytes into t's memory
+  const Tensor back = from_dlpack(to_dlpack(rows));
+  EXPECT_EQ(back.raw_data(), static_cast<char*>(t.raw_data()) + 2 * sizeof(float));
+  EXPECT_EQ(back.to_vector<float>(), (std::vector<float>{3, 4, 5, 6}));
+}
+
+TEST_P(DlpackOnDevices, ARoundTripGivesBackEveryByteItHeld) {
+  const Device dev = GetParam();
+  DUALCAST_SKIP_IF_UNAVAILABLE(dev);
+  const std::int64_t before = memory_stats(dev).bytes_in_use;
+  {
+    const Tensor u = from_dlpack(to_dlpack(Tensor::ones({64, 33}, DType::float32, dev)));
+    EXPECT_GT(memory_stats(dev).bytes_in_use, before);
+  }
+  EXPECT_EQ(memory_stats(dev).bytes_in_use, before);
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, DlpackOnDevices, ::testing::ValuesIn(testing::all_devices()),
                          [](const auto& info) { return std::string(testing::device_label(info.param)); });
 
@@ -130,6 +158,17 @@ TEST(Dlpack, AnImportedTensorIsUsedInPlaceAndItsDeleterRunsOnceWithTheLastHandle
     EXPECT_EQ(p.deleted, 0);
   }
   EXPECT_EQ(p.deleted, 1);
+}
+
+TEST(Dlpack, WrappedMemoryWithoutAReleaseIsNeverFreedByDualcast) {
+  // The owner frees it itself (here: the vector); dualcast must not free or cache it.
+  std::vector<float> data = {1, 2, 3, 4};
+  {
+    const Tensor t = Tensor::wrap(data.data(), {4}, DType::float32, Device::cpu(), {});
+    EXPECT_EQ(t.to_vector<float>(), data);
+  }
+  data.push_back(5);  // the vector still owns (and may grow) its memory
+  EXPECT_EQ(data.size(), 5u);
 }
 
 TEST(Dlpack, AnImportedTensorHonoursTheByteOffsetAndUnitStridesOfSizeOneDimensions) {
@@ -187,13 +226,17 @@ TEST(Dlpack, WhatDualcastCannotTakeIsAClearErrorAndStaysWithTheCaller) {
     Produced p(data.data(), {1, 1, 1, 1, 1, 1, 1, 1, 1}, kF32);
     expect_error(p, "at most 8");
   }
-  if (!cuda_available()) {
-    Produced p(data.data(), {3, 4}, kF32, {dlpack::kDLCUDA, 0});
+  {
+    // A GPU this process cannot use: device 0 without CUDA, one past the last GPU with it.
+    const std::int32_t id = cuda_available() ? cuda_device_count() : 0;
+    Produced p(data.data(), {3, 4}, kF32, {dlpack::kDLCUDA, id});
     try {
       (void)from_dlpack(&p.m);
       ADD_FAILURE() << "a CUDA tensor taken without a usable GPU";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("Device::cuda(0)"), std::string::npos) << e.what();
+      const std::string what = e.what();
+      EXPECT_NE(what.find("from_dlpack"), std::string::npos) << what;
+      EXPECT_NE(what.find("Device::cuda(" + std::to_string(id) + ")"), std::string::npos) << what;
     }
     EXPECT_EQ(p.deleted, 0);
   }
@@ -203,6 +246,74 @@ TEST(Dlpack, WhatDualcastCannotTakeIsAClearErrorAndStaysWithTheCaller) {
   Produced ok(data.data(), {3, 4}, kF32);
   EXPECT_DOUBLE_EQ(sum(from_dlpack(&ok.m)).item(), 12.0);
 }
+
+#if DUALCAST_WITH_CUDA
+}  // namespace
+}  // namespace dualcast
+#include <cuda_runtime_api.h>
+namespace dualcast {
+namespace {
+
+// Another library's GPU memory (cudaMalloc'd here), freed by its deleter.
+struct ForeignGpu {
+  float* data = nullptr;
+  Produced* p = nullptr;
+  static inline int freed = 0;
+  explicit ForeignGpu(std::int64_t n) {
+    EXPECT_EQ(cudaMalloc(&data, static_cast<std::size_t>(n) * sizeof(float)), cudaSuccess);
+    p = new Produced(data, {n}, kF32, {dlpack::kDLCUDA, 0});
+    p->m.manager_ctx = this;
+    p->m.deleter = [](DLManagedTensor* self) {
+      auto* f = static_cast<ForeignGpu*>(self->manager_ctx);
+      // An owner may hand the memory out again at once, on its own stream: everything dualcast
+      // queued on it must be finished by now (cudaFree itself would wait, so it cannot tell).
+      EXPECT_EQ(cudaStreamQuery(detail::stream(Device::cuda(0))), cudaSuccess);
+      EXPECT_EQ(cudaFree(f->data), cudaSuccess);
+      ++freed;
+      delete f->p;
+      delete f;
+    };
+  }
+};
+
+TEST(DlpackCuda, AnImportedGpuTensorIsFreedByItsOwnerOnlyAfterDualcastsWorkOnIt) {
+  DUALCAST_REQUIRE_CUDA();
+  const Device dev = Device::cuda(0);
+  ForeignGpu::freed = 0;
+  constexpr std::int64_t n = 1 << 22;
+  Tensor total;
+  {
+    Tensor u = from_dlpack(&(new ForeignGpu(n))->p->m);
+    u.fill_(2.0);
+    total = sum(u * u * u);  // queued on dualcast's stream; the deleter must wait for it
+  }
+  EXPECT_EQ(ForeignGpu::freed, 1);
+  EXPECT_DOUBLE_EQ(total.item(), 8.0 * static_cast<double>(n));
+  (void)dev;
+}
+
+TEST(DlpackCuda, AnImportedGpuTensorDroppedDuringACaptureLivesAsLongAsTheGraph) {
+  DUALCAST_REQUIRE_CUDA();
+  const Device dev = Device::cuda(0);
+  ForeignGpu::freed = 0;
+  Tensor out = Tensor::zeros({1024}, DType::float32, dev);
+  {
+    Graph g;
+    Tensor imported = from_dlpack(&(new ForeignGpu(1024))->p->m);
+    imported.fill_(3.0);
+    g.capture(dev, [&] {
+      out.copy_(imported * 2.0);
+      imported = Tensor();  // the last handle goes while capturing: the replays still read it
+    });
+    EXPECT_EQ(ForeignGpu::freed, 0);
+    out.fill_(0.0);
+    g.replay();
+    EXPECT_EQ(out.to_vector<float>()[1023], 6.0f);
+    EXPECT_EQ(ForeignGpu::freed, 0);
+  }
+  EXPECT_EQ(ForeignGpu::freed, 1);  // with the graph's memory pool
+}
+#endif
 
 }  // namespace
 }  // namespace dualcast

@@ -5,7 +5,11 @@
 //
 // Ownership follows DLPack: to_dlpack hands out a DLManagedTensor whose deleter the consumer calls
 // once (the dualcast tensor's memory stays alive until then); from_dlpack takes a producer's tensor
-// and calls its deleter when the last dualcast handle goes. No copy either way.
+// and calls its deleter when the last dualcast handle goes, on the thread that drops it (for a CUDA
+// tensor after dualcast's stream has finished with it; dropped during a Graph capture, when the
+// graph's memory pool goes: Buffer::adopt). No copy either way. These are the unversioned structures
+// (DLPack's "dltensor" capsules): a DLPack >= 1.0 DLManagedTensorVersioned has another layout and
+// must not be passed here.
 //
 // Streams: a CUDA tensor handed out is complete once dualcast's stream of its device (stream.hpp)
 // reaches the point of the call; a consumer on another stream waits for that stream first (what
@@ -21,7 +25,7 @@ namespace dualcast {
 namespace dlpack {
 
 /// DLDeviceType values dualcast reads or writes.
-enum DeviceType : std::int32_t { kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3 };
+enum DeviceType : std::int32_t { kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3, kDLCUDAManaged = 13 };
 /// DLDataTypeCode values dualcast reads or writes.
 enum TypeCode : std::uint8_t { kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBfloat = 4 };
 
@@ -62,7 +66,8 @@ struct DLManagedTensor {
 /// its deleter once the last handle goes; on a dualcast::Error (null, an unsupported device or
 /// dtype, a strided or misaligned tensor, a GPU this process cannot use) `m` is untouched and still
 /// the caller's. float32, float64, bfloat16, float16 and uint8, one lane; CPU (and CUDA-pinned
-/// host memory) or CUDA memory; contiguous (row-major; strides of size-1 dimensions do not matter).
+/// host memory), CUDA or CUDA managed memory; contiguous (row-major; strides of size-1 dimensions do
+/// not matter).
 [[nodiscard]] Tensor from_dlpack(dlpack::DLManagedTensor* m);
 
 }  // namespace dualcast

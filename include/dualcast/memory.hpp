@@ -39,8 +39,11 @@ class Buffer {
  public:
   Buffer() = default;
   Buffer(std::size_t bytes, Device device);
-  /// Memory that dualcast neither allocated nor frees: `release` runs once, when the buffer goes
-  /// (a DLPack deleter, dlpack.hpp). Not counted in memory_stats.
+  /// Memory that dualcast neither allocated nor frees: `release` (may be empty) runs once, when the
+  /// buffer goes (a DLPack deleter, dlpack.hpp), on the thread that drops it. On a CUDA device it
+  /// runs once dualcast's stream has finished with the memory (the stream is synchronised first);
+  /// dropped while a Graph captures on that device, it waits until the graph's memory pool is gone
+  /// (its replays may read the memory). Not counted in memory_stats.
   static Buffer adopt(void* data, std::size_t bytes, Device device, std::function<void()> release);
   ~Buffer();
   Buffer(Buffer&& other) noexcept;
@@ -58,7 +61,8 @@ class Buffer {
   std::size_t bytes_ = 0;
   std::size_t block_bytes_ = 0;  // size class actually reserved (device blocks)
   Device device_{};
-  std::function<void()> adopted_release_;  // set: the memory is another owner's (adopt)
+  bool adopted_ = false;                   // the memory is another owner's (adopt): never freed here
+  std::function<void()> adopted_release_;  // what that owner runs when the buffer goes
 };
 
 /// Copies `bytes` between any two devices (host<->device, device<->device, host<->host). A copy to
