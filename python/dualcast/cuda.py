@@ -275,7 +275,9 @@ class CudaKernel:
             self._fast_blocks = _resident_blocks(self._fn[("fast", 32)])
         self._Args = args_type(spec)
         self._itemsize = ITEMSIZE[dtype]
-        self.plans = jit.LaunchPlans(spec)
+        # Its launches (_Launch, None for an empty call): call one with the stream and the input,
+        # output and partial addresses.
+        self.plans = jit.LaunchPlans(spec, self._launch)
 
     def _launch(self, shape, in_strides):
         """The _Launch of a coalesced call shape (None for an empty one: nothing to compute)."""
@@ -295,15 +297,10 @@ class CudaKernel:
                 a.in_strides[i * jit.MAX_DIMS + d] = x
         return _Launch(self, bytes(a), p, self._fn[("fast" if p.walk == "fast" else "general", p.bits)])
 
-    def launch_for(self, key, shape, in_strides, n_out, n_partials):
-        """The ready launch for a caller's layout key (jit.LaunchPlans.by_layout), or None for an
-        empty call; call it with the stream and the input, output and partial addresses."""
-        return self.plans.by_layout(key, shape, in_strides, n_out, n_partials, self._launch)
-
     def run(self, stream, shape, inputs, in_strides, outputs, partials):
         """As jit.Kernel.run, on device memory, queued on `stream` (a CUstream handle; 0: the legacy
         default stream). Returns without waiting for the GPU."""
-        go = self.plans.get(shape, inputs, in_strides, outputs, partials, self._launch)
+        go = self.plans.get(shape, inputs, in_strides, outputs, partials)
         if go is not None:
             go(stream, inputs, outputs, [p or 0 for p in partials])
 
@@ -328,6 +325,7 @@ class _Launch:
         a.partials[:len(partials)] = partials
         a.vec = cuda_kernel.vector_ok(p, inputs, outputs, partials)  # a view may start mid-vector
         params = (ctypes.c_void_p * 1)(ctypes.addressof(a))  # one parameter: the Args struct, by value
+        # _InContext's push and pop, written out: a context manager costs a microsecond per launch.
         cu = _cuda
         _cu_check(cu.cuCtxPushCurrent_v2(k._ctx), "cuCtxPushCurrent_v2")
         try:
@@ -349,7 +347,7 @@ def set_fast_walk(enabled):
     with _lock:
         _fast_walk = bool(enabled)
         for k in _kernels.values():
-            k.plans = jit.LaunchPlans(k.spec)
+            k.plans = jit.LaunchPlans(k.spec, k._launch)
 
 
 def compile_kernel(spec, dtype, device):

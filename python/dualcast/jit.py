@@ -237,32 +237,34 @@ class LaunchPlans:
     the shape and strides. `get` looks them up by the call shape and per-input strides over it;
     `by_layout` by a caller's own key of the same information (dualcast.torch's: each tensor's shape
     and strides as PyTorch gives them, cheaper to read than strides over the broadcast shape).
-    Bounded: a kernel called on ever new shapes starts over."""
+    Bounded: a kernel called on ever new shapes starts over. make(shape, in_strides) makes a launch
+    of a coalesced call shape (the kernel's own, given by the kernel)."""
 
     LIMIT = 512
 
-    def __init__(self, spec):
-        self.spec, self._plans, self._layouts = spec, {}, {}
+    def __init__(self, spec, make):
+        self.spec, self._make, self._plans, self._layouts = spec, make, {}, {}
 
-    def get(self, shape, inputs, in_strides, outputs, partials, make):
+    def get(self, shape, inputs, in_strides, outputs, partials):
         key = (tuple(shape), tuple(map(tuple, in_strides)), len(inputs), len(outputs), len(partials))
         plan = self._plans.get(key)
         if plan is None:
             if len(self._plans) >= self.LIMIT:
                 self._plans = {}
-            plan = self._plans[key] = make(*launch_shape(self.spec, shape, inputs, in_strides, outputs, partials))
+            plan = self._plans[key] = self._make(*launch_shape(self.spec, shape, inputs, in_strides, outputs,
+                                                               partials))
         return plan
 
-    def by_layout(self, key, shape, in_strides, n_out, n_partials, make):
+    def by_layout(self, key, shape, in_strides, n_out, n_partials):
         """The launch for a caller's layout key; on a miss, in_strides() gives the per-input strides
-        over `shape` and the launch is made (and checked) as by `get`."""
+        over `shape` and the launch is made (and its counts checked) as by `get`, which needs only
+        the lengths of the address lists."""
         plan = self._layouts.get(key, self)
         if plan is self:
             if len(self._layouts) >= self.LIMIT:
                 self._layouts = {}
             strides = in_strides()
-            plan = self._layouts[key] = self.get(shape, [0] * len(strides), strides, [0] * n_out, [0] * n_partials,
-                                                 make)
+            plan = self._layouts[key] = self.get(shape, [0] * len(strides), strides, [0] * n_out, [0] * n_partials)
         return plan
 
 
@@ -329,21 +331,18 @@ class Kernel:
         self._run = self._lib.dualcast_jit_run
         self._run.argtypes = [ctypes.c_void_p]
         self._run.restype = ctypes.c_int
-        self.plans = LaunchPlans(spec)
+        # Its launches (_Launch): call one with the input, output and partial addresses (0: a partial
+        # not wanted) and optionally threads.
+        self.plans = LaunchPlans(spec, self._launch)
 
     def _launch(self, shape, in_strides):
         return _Launch(self._run, shape, in_strides, self.spec.n_out, self.spec.n_partials)
-
-    def launch_for(self, key, shape, in_strides, n_out, n_partials):
-        """The ready launch for a caller's layout key (LaunchPlans.by_layout); call it with the
-        input, output and partial addresses (0: a partial not wanted) and optionally threads."""
-        return self.plans.by_layout(key, shape, in_strides, n_out, n_partials, self._launch)
 
     def run(self, shape, inputs, in_strides, outputs, partials, threads=0):
         """shape: the broadcast shape; inputs: one address per input; in_strides: per input, its
         element strides over `shape` (0 where broadcast); outputs: M addresses of contiguous
         buffers of prod(shape) elements; partials: M x K addresses or None (not wanted)."""
-        go = self.plans.get(shape, inputs, in_strides, outputs, partials, self._launch)
+        go = self.plans.get(shape, inputs, in_strides, outputs, partials)
         go(inputs, outputs, [p or 0 for p in partials], threads)
 
 

@@ -104,8 +104,8 @@ def launch(kernel, device, shape, inputs, outputs, partials):
     strides, contiguous outputs (None: not written). The launch is made ready once per layout (each
     input's shape and strides as PyTorch gives them): a model's every step only reads addresses."""
     key = (shape, tuple([(x.shape, x.stride()) for x in inputs]), len(outputs), len(partials))
-    go = kernel.launch_for(key, shape, lambda: [strides_over(x, shape) for x in inputs], len(outputs),
-                           len(partials))
+    go = kernel.plans.by_layout(key, shape, lambda: [strides_over(x, shape) for x in inputs], len(outputs),
+                                len(partials))
     ins = [x.data_ptr() for x in inputs]
     outs = [o.data_ptr() if o is not None else 0 for o in outputs]
     parts = [p.data_ptr() if p is not None else 0 for p in partials]
