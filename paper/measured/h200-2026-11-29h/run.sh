@@ -1,12 +1,12 @@
 #!/bin/bash
 # The measurements branch next-verify (main + review-mends + dlpack) waits for, after
 #   scripts/gpu-check --only-tests --commit SHA
-# on the same machine (its build/release). Rename this folder to the run's name when it runs.
-#   bash paper/measured/PENDING-next-verify/run.sh profile   # where the ResNet-18 step's time goes at
+# on the same machine (its build/release).
+#   bash paper/measured/h200-2026-11-29h/run.sh profile   # where the ResNet-18 step's time goes at
 #        # bf16 and at tf32 against torch.compile at the same precision (issue 30's two missed ResNet
 #        # targets: 0.97x and 0.99x in h200-2026-11-29f): Nsight Compute per-kernel durations,
 #        # experiments/resnet/breakdown.py
-#   bash paper/measured/PENDING-next-verify/run.sh resnet    # the ResNet-18 step at tf32 and bf16 with
+#   bash paper/measured/h200-2026-11-29h/run.sh resnet    # the ResNet-18 step at tf32 and bf16 with
 #        # torch.compile at the same precision (scripts/precision-study resnet), after the model's
 #        # single float32 copy per convolution under Autocast
 set -u
