@@ -27,8 +27,10 @@ namespace {
 constexpr double kNetworkTol = 1e-3;
 /// The same under bf16 Autocast. On the CPU the two orders agree to 1e-9 (measured); on a GPU the
 /// per-channel sums run in another order, and a float32 difference that rounds to a neighbouring
-/// bf16 value is 2^-8 relative, carried through 20 layers.
-constexpr double kNetworkBf16Tol = 2e-2;
+/// bf16 value is 2^-8 relative, carried through 20 layers. Measured on an H200 (h200-2026-11-29h):
+/// 2.46e-2 of the tensor's rms at worst (a weight gradient element four bf16 steps apart), which
+/// 2e-2 refused; a wrong statistic or apply is off by the order of the rms itself.
+constexpr double kNetworkBf16Tol = 5e-2;
 
 class ResNet : public ::testing::TestWithParam<Device> {
  protected:
