@@ -92,7 +92,13 @@ ChannelPlan plan_channel_broadcast(std::vector<ChannelArg> args) {
   return plan;
 }
 
-std::int64_t channel_slices(Device device, std::int64_t C, std::int64_t M) {
+std::int64_t channel_slices(Device device, std::int64_t C, std::int64_t M, std::int64_t inner) {
+  if (device.is_cuda() && channel_columns(C, inner)) {
+    // Blocks of 32 channels x kColumnRows rows; a slice of at least 64 rows (8 per thread).
+    const std::int64_t across = (C + 31) / 32;
+    const std::int64_t want = (8 * static_cast<std::int64_t>(multiprocessor_count(device)) + across - 1) / across;
+    return std::clamp<std::int64_t>(want, 1, std::max<std::int64_t>(1, M / 64));
+  }
   constexpr std::int64_t kMinSlice = 4096;  // elements: a block of 256 threads x 4 float4 chunks
   const std::int64_t max_slices = std::max<std::int64_t>(1, M / kMinSlice);
   std::int64_t want = 1;

@@ -13,6 +13,9 @@
 // CPU, im2col, col2im and the row copies run per plane on dualcast's thread pool with contiguous
 // inner loops; the BLAS calls are made outside the pool.
 //
+// Channels last (ConvLayout::nhwc): cuDNN takes it directly (NHWC descriptors, conv_cudnn.cpp); the
+// im2col + GEMM code and float64 see the NCHW convolution between permutes (the entry points).
+//
 // 16-bit dtypes (bfloat16, float16): cuDNN convolves them directly (float32 compute); im2col + GEMM
 // does not, so there the entry points convolve float32 copies on the tape (cast(), like
 // detail::via_float32) and round the result. Under Autocast the entry points first cast float32
@@ -25,6 +28,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "blas.hpp"
 #include "conv_impl.hpp"
@@ -71,11 +75,14 @@ bool use_cudnn(Device device) {
 // ---- checks -------------------------------------------------------------------------------------
 
 ConvGeometry geometry_of(const Shape& xs, const Shape& ws, const Conv2dOptions& o) {
-  const std::string shapes = detail::concat(" (x ", xs.str(), ", w ", ws.str(), ")");
-  DUALCAST_CHECK(xs.rank() == 4, "conv2d: x must be a 4-D [N, C, H, W] tensor, got shape ", xs.str(),
-                 " (rank ", xs.rank(), ") with w ", ws.str());
-  DUALCAST_CHECK(ws.rank() == 4, "conv2d: w must be a 4-D [O, C/groups, KH, KW] tensor, got shape ",
-                 ws.str(), " (rank ", ws.rank(), ") with x ", xs.str());
+  const bool nhwc = o.layout == ConvLayout::nhwc;
+  const std::string shapes = detail::concat(" (x ", xs.str(), ", w ", ws.str(), nhwc ? ", layout nhwc)" : ")");
+  DUALCAST_CHECK(xs.rank() == 4, "conv2d: x must be a 4-D ", nhwc ? "[N, H, W, C]" : "[N, C, H, W]",
+                 " tensor, got shape ", xs.str(), " (rank ", xs.rank(), ") with w ", ws.str());
+  DUALCAST_CHECK(ws.rank() == 4, "conv2d: w must be a 4-D ", nhwc ? "[O, KH, KW, C/groups]" : "[O, C/groups, KH, KW]",
+                 " tensor, got shape ", ws.str(), " (rank ", ws.rank(), ") with x ", xs.str());
+  DUALCAST_CHECK(o.layout == ConvLayout::nchw || nhwc, "conv2d: unknown layout ", static_cast<int>(o.layout),
+                 shapes);
   DUALCAST_CHECK(o.groups >= 1, "conv2d: groups = ", o.groups, " must be >= 1", shapes);
   DUALCAST_CHECK(o.stride.h >= 1 && o.stride.w >= 1, "conv2d: stride ", o.stride.str(),
                  " must be >= 1 in both dimensions", shapes);
@@ -84,13 +91,17 @@ ConvGeometry geometry_of(const Shape& xs, const Shape& ws, const Conv2dOptions& 
   DUALCAST_CHECK(o.padding.h >= 0 && o.padding.w >= 0, "conv2d: padding ", o.padding.str(),
                  " must be >= 0 in both dimensions", shapes);
   ConvGeometry g;
+  g.nhwc = nhwc;
+  // Every size read in NCHW terms: channels at 3 (x) and 3 (w) in nhwc, at 1 in nchw.
+  const int xc = nhwc ? 3 : 1, xh = nhwc ? 1 : 2, xw = nhwc ? 2 : 3;
+  const int wc = nhwc ? 3 : 1, wh = nhwc ? 1 : 2, ww = nhwc ? 2 : 3;
   g.N = xs[0];
-  g.C = xs[1];
-  g.H = xs[2];
-  g.W = xs[3];
+  g.C = xs[xc];
+  g.H = xs[xh];
+  g.W = xs[xw];
   g.O = ws[0];
-  g.KH = ws[2];
-  g.KW = ws[3];
+  g.KH = ws[wh];
+  g.KW = ws[ww];
   g.sh = o.stride.h;
   g.sw = o.stride.w;
   g.ph = o.padding.h;
@@ -98,15 +109,15 @@ ConvGeometry geometry_of(const Shape& xs, const Shape& ws, const Conv2dOptions& 
   g.dh = o.dilation.h;
   g.dw = o.dilation.w;
   g.groups = o.groups;
-  DUALCAST_CHECK(g.C >= 1 && g.O >= 1 && g.KH >= 1 && g.KW >= 1 && ws[1] >= 1,
+  DUALCAST_CHECK(g.C >= 1 && g.O >= 1 && g.KH >= 1 && g.KW >= 1 && ws[wc] >= 1,
                  "conv2d: empty channel or kernel dimension", shapes);
   DUALCAST_CHECK(g.C % g.groups == 0, "conv2d: group mismatch: x has C = ", g.C,
                  " channels, which groups = ", g.groups, " does not divide", shapes);
   DUALCAST_CHECK(g.O % g.groups == 0, "conv2d: group mismatch: w has O = ", g.O,
                  " output channels, which groups = ", g.groups, " does not divide", shapes);
-  DUALCAST_CHECK(ws[1] * g.groups == g.C, "conv2d: channel mismatch: x has C = ", g.C,
-                 " channels but w expects C/groups = ", ws[1], " per group x groups = ", g.groups,
-                 " = ", ws[1] * g.groups, shapes);
+  DUALCAST_CHECK(ws[wc] * g.groups == g.C, "conv2d: channel mismatch: x has C = ", g.C,
+                 " channels but w expects C/groups = ", ws[wc], " per group x groups = ", g.groups,
+                 " = ", ws[wc] * g.groups, shapes);
   const std::int64_t eh = g.dh * (g.KH - 1) + 1, ew = g.dw * (g.KW - 1) + 1;
   DUALCAST_CHECK(eh <= g.H + 2 * g.ph && ew <= g.W + 2 * g.pw, "conv2d: the kernel ", g.KH, "x",
                  g.KW, " (dilation ", o.dilation.str(), ": ", eh, "x", ew,
@@ -131,6 +142,28 @@ ConvGeometry check_conv(const Tensor& x, const Tensor& w, const Conv2dOptions& o
 /// Whether a checked convolution of this dtype must run on float32 copies: 16-bit data where the
 /// backend is im2col + GEMM, whose kernels and CPU loops compute in the element type.
 bool via_float32(const Tensor& x) { return is_half(x.dtype()) && !use_cudnn(x.device()); }
+
+/// Whether a checked nhwc convolution runs as the NCHW one between permutes (ops/conv.hpp): where
+/// cuDNN does not run it (the CPU, im2col + GEMM), and in float64, whose NHWC support in cuDNN is
+/// not documented for every algorithm (float64 is for accuracy, not speed).
+bool nhwc_via_permutes(const ConvGeometry& g, const Tensor& x) {
+  return g.nhwc && (!use_cudnn(x.device()) || x.dtype() == DType::float64);
+}
+
+/// The options of the NCHW convolution an nhwc one runs as, and the permutes around it.
+Conv2dOptions as_nchw(Conv2dOptions o) {
+  o.layout = ConvLayout::nchw;
+  return o;
+}
+const std::vector<int> kToNchw{0, 3, 1, 2};
+const std::vector<int> kToNhwc{0, 2, 3, 1};
+
+/// y's shape, and x's and w's, in the geometry's layout.
+Shape output_shape(const ConvGeometry& g) { return g.nhwc ? Shape{g.N, g.OH, g.OW, g.O} : Shape{g.N, g.O, g.OH, g.OW}; }
+Shape input_shape(const ConvGeometry& g) { return g.nhwc ? Shape{g.N, g.H, g.W, g.C} : Shape{g.N, g.C, g.H, g.W}; }
+Shape weight_shape(const ConvGeometry& g) {
+  return g.nhwc ? Shape{g.O, g.KH, g.KW, g.Cg()} : Shape{g.O, g.Cg(), g.KH, g.KW};
+}
 
 // ---- im2col + GEMM ------------------------------------------------------------------------------
 
@@ -411,8 +444,8 @@ class Conv2dNode final : public Node {
     VarState* in = inputs[0].get();
     const bool accumulate = in && in->grad.defined() && in->grad_owned;
     Tensor dx, dw;
-    if (in) dx = accumulate ? in->grad : Tensor::empty(Shape{g_.N, g_.C, g_.H, g_.W}, dy.dtype(), dy.device());
-    if (inputs[1]) dw = Tensor::empty(Shape{g_.O, g_.Cg(), g_.KH, g_.KW}, dy.dtype(), dy.device());
+    if (in) dx = accumulate ? in->grad : Tensor::empty(input_shape(g_), dy.dtype(), dy.device());
+    if (inputs[1]) dw = Tensor::empty(weight_shape(g_), dy.dtype(), dy.device());
     conv_backward(g_, x_, w_, dy, in ? &dx : nullptr, accumulate, inputs[1] ? &dw : nullptr);
     if (in && !accumulate) detail::accumulate_grad(*in, std::move(dx), /*owned=*/true);
     if (inputs[1]) detail::accumulate_grad(*inputs[1], std::move(dw), /*owned=*/true);
@@ -433,6 +466,7 @@ void set_conv_backend(ConvBackend backend) {
 }
 ConvBackend conv_backend() { return static_cast<ConvBackend>(conv_detail::backend_state().load()); }
 bool cudnn_available() { return detail::cudnn_compiled(); }
+std::vector<std::string> conv_algorithms_chosen() { return detail::cudnn_chosen_algorithms(); }
 
 std::string conv_backend_name(Device device) {
   if (device.is_cpu()) return "im2col + CPU BLAS GEMM";
@@ -445,8 +479,7 @@ std::string conv_backend_name(Device device) {
 }
 
 Shape conv2d_output_shape(const Shape& x, const Shape& w, const Conv2dOptions& options) {
-  const detail::ConvGeometry g = conv_detail::geometry_of(x, w, options);
-  return Shape{g.N, g.O, g.OH, g.OW};
+  return conv_detail::output_shape(conv_detail::geometry_of(x, w, options));
 }
 
 Tensor conv2d(const Tensor& x, const Tensor& w, const Conv2dOptions& options) {
@@ -455,12 +488,16 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Conv2dOptions& options) {
     const DType dx = detail::autocast_target(x.dtype()), dw = detail::autocast_target(w.dtype());
     if (dx != x.dtype() || dw != w.dtype()) return conv2d(x.to(dx), w.to(dw), options);
   }
+  if (conv_detail::nhwc_via_permutes(g, x))
+    return permute(conv2d(permute(x, conv_detail::kToNchw), permute(w, conv_detail::kToNchw),
+                          conv_detail::as_nchw(options)),
+                   conv_detail::kToNhwc);
   if (conv_detail::via_float32(x)) {
     const Autocast float32_inside(DType::bfloat16, /*enabled=*/false);  // else it casts them back
     return conv2d(x.to(DType::float32), w.to(DType::float32), options).to(x.dtype());
   }
   const Tensor xc = detail::contiguous_copy(x), wc = detail::contiguous_copy(w);
-  Tensor y = Tensor::empty(Shape{g.N, g.O, g.OH, g.OW}, x.dtype(), x.device());
+  Tensor y = Tensor::empty(conv_detail::output_shape(g), x.dtype(), x.device());
   conv_detail::forward(g, xc, wc, y);
   return y;
 }
@@ -474,12 +511,16 @@ Var conv2d(const Var& x, const Var& w, const Conv2dOptions& options) {
     const DType dx = detail::autocast_target(x.dtype()), dw = detail::autocast_target(w.dtype());
     if (dx != x.dtype() || dw != w.dtype()) return conv2d(cast(x, dx), cast(w, dw), options);
   }
+  if (conv_detail::nhwc_via_permutes(g, x.value()))
+    return permute(conv2d(permute(x, conv_detail::kToNchw), permute(w, conv_detail::kToNchw),
+                          conv_detail::as_nchw(options)),
+                   conv_detail::kToNhwc);
   if (conv_detail::via_float32(x.value())) {
     const Autocast float32_inside(DType::bfloat16, /*enabled=*/false);  // else it casts them back
     return cast(conv2d(cast(x, DType::float32), cast(w, DType::float32), options), x.dtype());
   }
   const Tensor xc = detail::contiguous_copy(x.value()), wc = detail::contiguous_copy(w.value());
-  Tensor y = Tensor::empty(Shape{g.N, g.O, g.OH, g.OW}, xc.dtype(), xc.device());
+  Tensor y = Tensor::empty(conv_detail::output_shape(g), xc.dtype(), xc.device());
   conv_detail::forward(g, xc, wc, y);
   std::shared_ptr<conv_detail::Conv2dNode> node;
   if (detail::any_requires_grad({x, w})) {
@@ -493,11 +534,13 @@ Var conv2d(const Var& x, const Var& w, const Conv2dOptions& options) {
 Var conv2d(const Var& x, const Var& w, const Var& bias, const Conv2dOptions& options) {
   DUALCAST_CHECK(bias.defined(), "conv2d: argument 'bias' is an undefined Var");
   Var y = conv2d(x, w, options);
-  const std::int64_t O = y.shape()[1];
+  const bool nhwc = options.layout == ConvLayout::nhwc;
+  const std::int64_t O = y.shape()[nhwc ? 3 : 1];
+  const Shape along_channels = nhwc ? Shape{1, 1, 1, O} : Shape{1, O, 1, 1};
   DUALCAST_CHECK(bias.shape().rank() == 1 && bias.shape()[0] == O, "conv2d: bias has shape ",
                  bias.shape().str(), " but w ", w.shape().str(), " has O = ", O,
                  " output channels (expected [", O, "])");
-  if (!is_half(y.dtype())) return y + reshape(bias, {1, O, 1, 1});
+  if (!is_half(y.dtype())) return y + reshape(bias, along_channels);
   // A 16-bit result (16-bit operands, or Autocast): the bias joins in y's dtype, cast like the
   // operands under Autocast (its gradient comes back in the bias's own dtype), so the add is one
   // 16-bit broadcast and the result stays 16-bit.
@@ -505,7 +548,7 @@ Var conv2d(const Var& x, const Var& w, const Var& bias, const Conv2dOptions& opt
   DUALCAST_CHECK(b.dtype() == y.dtype(), "conv2d: bias ", bias.shape().str(), " is ",
                  dtype_name(bias.dtype()), " but x ", x.shape().str(), " and w ", w.shape().str(),
                  " give a ", dtype_name(y.dtype()), " result (cast the bias)");
-  return y + reshape(b, {1, O, 1, 1});
+  return y + reshape(b, along_channels);
 }
 
 }  // namespace dualcast

@@ -56,7 +56,7 @@ namespace dualcast::detail {
 bool operator<(const ConvGeometry& a, const ConvGeometry& b) {
   const auto key = [](const ConvGeometry& g) {
     return std::make_tuple(g.N, g.C, g.H, g.W, g.O, g.KH, g.KW, g.OH, g.OW, g.sh, g.sw, g.ph, g.pw,
-                           g.dh, g.dw, g.groups);
+                           g.dh, g.dw, g.groups, g.nhwc);
   };
   return key(a) < key(b);
 }
@@ -253,12 +253,15 @@ Plan& plan_for(Device device, DType dtype, const ConvGeometry& g) {
   DUALCAST_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&p->conv));
   as_int(g.N * g.C * g.HW(), "the input's element count");
   as_int(g.N * g.O * g.OHW(), "the output's element count");
-  DUALCAST_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->x, CUDNN_TENSOR_NCHW, p->type, as_int(g.N, "N"),
+  // The sizes are given in N, C, H, W order either way; the format says where the channels sit
+  // (NHWC filters are KRSC: [O, KH, KW, C/groups]).
+  const cudnnTensorFormat_t format = g.nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+  DUALCAST_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->x, format, p->type, as_int(g.N, "N"),
                                                   as_int(g.C, "C"), as_int(g.H, "H"), as_int(g.W, "W")));
-  DUALCAST_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->y, CUDNN_TENSOR_NCHW, p->type, as_int(g.N, "N"),
+  DUALCAST_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->y, format, p->type, as_int(g.N, "N"),
                                                   as_int(g.O, "O"), as_int(g.OH, "OH"),
                                                   as_int(g.OW, "OW")));
-  DUALCAST_CUDNN_CHECK(cudnnSetFilter4dDescriptor(p->w, p->type, CUDNN_TENSOR_NCHW, as_int(g.O, "O"),
+  DUALCAST_CUDNN_CHECK(cudnnSetFilter4dDescriptor(p->w, p->type, format, as_int(g.O, "O"),
                                                   as_int(g.Cg(), "C/groups"), as_int(g.KH, "KH"),
                                                   as_int(g.KW, "KW")));
   // float32 at "highest": FMA math, no TF32 tensor-core rounding (math_for).
@@ -340,9 +343,22 @@ bool usable(const Perf& r, DType dtype, cudnnMathType_t plan_math, std::size_t l
 }
 
 template <class Algo>
-void record_choice(const char* direction, Algo algo) {
+void record_choice(const char* direction, Algo algo, DType dtype, const ConvGeometry& g, cudnnMathType_t math,
+                   float ms, bool searched) {
+  // "direction:NAME (details)": what a report needs to tell two processes' choices apart (a profiled
+  // run's search may choose otherwise than a timed one's, experiments/resnet/README.md).
+  const char* math_name = math == CUDNN_TENSOR_OP_MATH                      ? "tensor-op"
+                          : math == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION ? "tensor-op with conversion"
+                          : math == CUDNN_FMA_MATH                        ? "fma"
+                                                                          : "default";
+  const std::string x = g.nhwc ? detail::concat("[", g.N, ", ", g.H, ", ", g.W, ", ", g.C, "]")
+                               : detail::concat("[", g.N, ", ", g.C, ", ", g.H, ", ", g.W, "]");
+  std::string entry = detail::concat(direction, ":", info(algo).name, " (", dtype_name(dtype), ", ", math_name,
+                                     " math, ", g.nhwc ? "nhwc" : "nchw", ", x ", x, ", O ", g.O, ", ", g.KH, "x",
+                                     g.KW, " stride ", g.sh, "x", g.sw, ", groups ", g.groups);
+  entry += searched ? detail::concat(", ", ms, " ms in the search)") : std::string(", heuristic)");
   std::lock_guard lock(g_chosen_mutex);
-  g_chosen.push_back(std::string(direction) + ":" + info(algo).name);
+  g_chosen.push_back(std::move(entry));
 }
 
 bool stream_is_capturing(Device device) {
@@ -472,7 +488,8 @@ void choose_algo(cudnnHandle_t h, Device device, DType dtype, const ConvGeometry
   algo_count(h, static_cast<const Perf*>(nullptr), &max_count);
   std::vector<Perf> r(static_cast<std::size_t>(std::max(max_count, 1)));
   std::size_t limit = kMaxWorkspace;
-  if (use_find() && !stream_is_capturing(device)) {
+  const bool searched = use_find() && !stream_is_capturing(device);
+  if (searched) {
     Tensor ws = search_workspace(device, limit);
     const Tensor scratch = search_output(out_shape, dtype, device);
     find_algos(h, p, a, b, scratch.raw_data(), max_count, &returned, r.data(), ws.raw_data(), limit);
@@ -483,7 +500,7 @@ void choose_algo(cudnnHandle_t h, Device device, DType dtype, const ConvGeometry
                                [&](const auto& e) { return usable(e, dtype, p.math, limit); });
   if (it == r.begin() + returned) no_algorithm(direction, r, returned, g);
   algo = it->algo;
-  record_choice(direction, algo);
+  record_choice(direction, algo, dtype, g, it->mathType, it->time, searched);
   if (p.follow_choice) {
     DUALCAST_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&p.run_conv[dir]));
     set_conv_descriptor(p.run_conv[dir], g, p.compute, it->mathType);

@@ -18,6 +18,9 @@ struct ConvGeometry {
   std::int64_t OH = 0, OW = 0;              ///< output spatial size
   std::int64_t sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1;
   std::int64_t groups = 1;
+  /// Channels last: x [N, H, W, C], w [O, KH, KW, C / groups], y [N, OH, OW, O] (cuDNN's NHWC and
+  /// KRSC formats; the im2col + GEMM code never sees it: conv.cu permutes around it).
+  bool nhwc = false;
 
   [[nodiscard]] std::int64_t Cg() const { return C / groups; }
   [[nodiscard]] std::int64_t Og() const { return O / groups; }
@@ -60,11 +63,13 @@ struct CudnnFastAlgos {
   }
 };
 CudnnFastAlgos parse_cudnn_fast_algos(const char* value);
-/// The algorithms chosen so far, "direction:NAME" (e.g. "forward:IMPLICIT_PRECOMP_GEMM"), one per
-/// convolution shape and direction, in the order chosen.
+/// The algorithms chosen so far, "direction:NAME (details)" (e.g. "forward:IMPLICIT_PRECOMP_GEMM
+/// (bfloat16, tensor-op math, nhwc, x [256, 28, 28, 64], O 64, 3x3 stride 1x1, groups 1, 0.09 ms
+/// in the search)"), one per convolution shape and direction, in the order chosen
+/// (conv_algorithms_chosen() in ops/conv.hpp hands them out).
 std::vector<std::string> cudnn_chosen_algorithms();
 
-/// y = conv(x, w) (all contiguous NCHW on `device`).
+/// y = conv(x, w) (all contiguous, NCHW or NHWC as g.nhwc says, on `device`).
 void cudnn_conv_forward(Device device, DType dtype, const ConvGeometry& g, const void* x,
                         const void* w, void* y);
 /// dx = conv_transpose(dy, w), added to dx when `accumulate`.

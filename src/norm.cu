@@ -122,6 +122,31 @@ __global__ void __launch_bounds__(kStatsBlock) stats_kernel(StatsBody<T> body) {
     }
   }
 }
+
+/// The same sums in columns for [N, C] data (detail::channel_columns): block (x, s) sums slice s of
+/// the 32 channels 32 x + threadIdx.x, each row of threads every kColumnRows-th position, and the
+/// rows' sums are added in row order.
+template <class T>
+__global__ void __launch_bounds__(32 * detail::kColumnRows) stats_columns_kernel(StatsBody<T> body) {
+  constexpr int R = detail::kColumnRows;
+  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * 32 + threadIdx.x, s = blockIdx.y;
+  const bool live = c < body.C;
+  double a = 0, b = 0;
+  if (live) body.walk(c, threadIdx.y, R, s, a, b);
+  __shared__ double sa[R][32], sb[R][32];
+  sa[threadIdx.y][threadIdx.x] = a;
+  sb[threadIdx.y][threadIdx.x] = b;
+  __syncthreads();
+  if (threadIdx.y != 0 || !live) return;
+  a = 0;
+  b = 0;
+  for (int r = 0; r < R; ++r) {
+    a += sa[r][threadIdx.x];
+    b += sb[r][threadIdx.x];
+  }
+  body.partial[c * body.S + s] = a;
+  body.partial[(body.C + c) * body.S + s] = b;
+}
 #endif
 
 /// mean, rstd from the partials; the running statistics updated in place (when given).
@@ -345,7 +370,7 @@ BatchNormStats batch_norm_stats(const Var& x, const Tensor& running_mean, const 
   const Tensor xv = detail::contiguous_copy(x.value());
   Tensor mean = Tensor::empty(Shape{g.C}, dt, dev);
   Tensor rstd = Tensor::empty(Shape{g.C}, dt, dev);
-  const std::int64_t S = detail::channel_slices(dev, g.C, g.M);
+  const std::int64_t S = detail::channel_slices(dev, g.C, g.M, g.inner);
   Tensor partial = Tensor::empty(Shape{2 * g.C * S}, DType::float64, dev);
   dispatch_floating(dt, "batch_norm", [&](auto tag) {
     using T = decltype(tag);
@@ -362,7 +387,12 @@ BatchNormStats batch_norm_stats(const Var& x, const Tensor& running_mean, const 
     } else {
 #if defined(__CUDACC__)
       detail::DeviceGuard guard(dev);
-      stats_kernel<T><<<static_cast<unsigned>(g.C * S), kStatsBlock, 0, detail::stream(dev)>>>(body);
+      if (detail::channel_columns(g.C, g.inner)) {
+        const dim3 grid(static_cast<unsigned>((g.C + 31) / 32), static_cast<unsigned>(S));
+        stats_columns_kernel<T><<<grid, dim3(32, detail::kColumnRows), 0, detail::stream(dev)>>>(body);
+      } else {
+        stats_kernel<T><<<static_cast<unsigned>(g.C * S), kStatsBlock, 0, detail::stream(dev)>>>(body);
+      }
       DUALCAST_CUDA_CHECK_LAUNCH();
 #else
       DUALCAST_FAIL("batch_norm on ", dev.str(), ": dualcast was built without its CUDA backend");

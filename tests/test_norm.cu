@@ -2,7 +2,8 @@
 // computed in double, 4-D and 2-D; the running statistics updated as PyTorch does (momentum, unbiased
 // variance) and used in evaluation; data far from zero (the shifted one-pass variance); gradients
 // against finite differences in float64, in training and in evaluation, and through the fused
-// residual functors; GPU equal to CPU; bad input named in clear errors.
+// residual functors; GPU equal to CPU; channels-last rows ([N*H*W, C]) equal to the permuted batch;
+// bad input named in clear errors.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,6 +14,7 @@
 #include "dualcast/gradcheck.hpp"
 #include "dualcast/ops/elementwise.hpp"
 #include "dualcast/ops/norm.hpp"
+#include "dualcast/ops/shape.hpp"
 #include "nn_reference.hpp"
 #include "test_util.hpp"
 
@@ -169,6 +171,33 @@ TEST_P(BatchNorm, GpuEqualsCpu) {
   const char* names[] = {"y", "dx", "dgamma", "dbeta", "running_mean", "running_var"};
   for (std::size_t k = 0; k < c.size(); ++k)
     expect_close(gg[k].to(Device::cpu()), c[k], kSameResultTolFloat, names[k]);
+}
+
+TEST_P(BatchNorm, ChannelsLastRowsEqualThePermutedBatch) {
+  // An NHWC activation [N, H, W, C] normalised as [N*H*W, C] (channels last: a GPU reduces it in
+  // columns of 32 channels, channel_columns) against the same batch as [N, C, H, W]: values, every
+  // gradient and the running statistics. Channel counts below, at and past a warp, odd row counts,
+  // and enough rows for many slices per channel.
+  const Device dev = GetParam();
+  std::uint64_t seed = 500;
+  for (const Shape nhwc : {Shape{3, 7, 5, 8}, Shape{2, 9, 11, 40}, Shape{5, 3, 3, 70}, Shape{64, 14, 14, 32}}) {
+    const std::int64_t C = nhwc[3];
+    const Tensor x = Tensor::randn(nhwc, dev, ++seed) + 3.0, adj = Tensor::randn(nhwc, dev, ++seed);
+    const Tensor g = Tensor::uniform({C}, dev, ++seed, 0.5, 2.0), b = Tensor::randn({C}, dev, ++seed);
+    auto run = [&](bool rows) {
+      Var xv = Var::param(x), gv = Var::param(g), bv = Var::param(b);
+      Tensor rm = Tensor::zeros({C}, DType::float32, dev), rv = Tensor::ones({C}, DType::float32, dev);
+      const std::vector<int> to_nchw{0, 3, 1, 2}, to_nhwc{0, 2, 3, 1};
+      const Var y = rows ? reshape(batch_norm(reshape(xv, {x.numel() / C, C}), gv, bv, rm, rv, true), nhwc)
+                         : permute(batch_norm(permute(xv, to_nchw), gv, bv, rm, rv, true), to_nhwc);
+      y.backward(adj);
+      return std::vector<Tensor>{y.value(), xv.grad(), gv.grad(), bv.grad(), rm, rv};
+    };
+    const auto want = run(false), got = run(true);
+    const char* names[] = {"y", "dx", "dgamma", "dbeta", "running_mean", "running_var"};
+    for (std::size_t k = 0; k < want.size(); ++k)
+      expect_close(got[k], want[k], kSameResultTolFloat, std::string(names[k]) + " " + nhwc.str());
+  }
 }
 
 TEST_P(BatchNorm, BadInputIsAClearError) {

@@ -129,10 +129,11 @@ int run_bench(const Options& o) {
   const dcexp::PrecisionScope precision(o.precision);
   json results = json::array();
   std::printf("resnet_train --bench: ResNet-18 width %lld on %s (%s), convolutions: %s, %s elementwise, "
-              "precision %s\n",
+              "precision %s, activations %s\n",
               static_cast<long long>(o.width), device.str().c_str(), dualcast::device_name(device).c_str(),
               dualcast::conv_backend_name(device).c_str(),
-              o.fusion == Fusion::fused ? "fused" : "composed", dcexp::precision_text(o.precision));
+              o.fusion == Fusion::fused ? "fused" : "composed", dcexp::precision_text(o.precision),
+              o.channels_last ? "channels last (NHWC)" : "NCHW");
   if (group.size() > 1)
     std::printf("data-parallel: %d ranks (%s); batch is the global batch, each rank takes batch/%d\n",
                 group.size(), group.comm->backend().c_str(), group.size());
@@ -141,6 +142,7 @@ int run_bench(const Options& o) {
   for (const std::int64_t B : o.bench) {
     Config cfg;
     cfg.width = o.width;
+    cfg.channels_last = o.channels_last;
     const Model model = Model::create(cfg, device, o.seed);
     dualcast::SGD opt(model.params(), 0.01, 0.9, 5e-4);
     const std::int64_t local = B / group.size();
@@ -207,9 +209,12 @@ int run_bench(const Options& o) {
                              "weight decay 5e-4), ") + dcexp::precision_name(o.precision);
     js["framework"] = "dualcast";
     js["precision"] = dcexp::precision_name(o.precision);
+    js["layout"] = o.channels_last ? "nhwc" : "nchw";
+    js["cudnn_algorithms"] = dualcast::conv_algorithms_chosen();  // which kernels the timed steps ran
     // The method's name says what differs from the default (fused elementwise, cuDNN, Find, direct
     // sums in the forward and FFT or Winograd allowed in the backward).
     std::string method = o.fusion == Fusion::fused ? "eager" : "eager_composed";
+    if (o.channels_last) method += "_nhwc";
     const std::string backend = dualcast::conv_backend_name(device);
     const auto has = [&](const char* part) { return backend.find(part) != std::string::npos; };
     if (device.is_cuda() && has("im2col")) method += "_gemm";
@@ -284,6 +289,7 @@ int run_export(const Options& o) {
     fs::create_directories(fs::path(o.export_dir) / sub);
   Config cfg;
   cfg.width = o.width;
+  cfg.channels_last = o.channels_last;
   const Model model = Model::create(cfg, device, o.seed);
   const Batch batch = random_batch(o.batch, cfg.classes, device, o.seed + 7);
   auto dir = [&](const char* sub, const std::string& name) {
@@ -330,6 +336,7 @@ int run_export(const Options& o) {
   m["device_name"] = dualcast::device_name(device);
   m["conv_backend"] = dualcast::conv_backend_name(device);
   m["fusion"] = o.fusion == Fusion::fused ? "fused" : "composed";
+  m["layout"] = o.channels_last ? "nhwc" : "nchw";
   m["params"] = std::move(params);
   m["buffers"] = std::move(buffers);
   dcexp::write_json_file((fs::path(o.export_dir) / "manifest.json").string(), m);

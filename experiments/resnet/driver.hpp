@@ -20,6 +20,7 @@ struct Options {
   std::int64_t test_subset = 0;   ///< 0: all 10000
   Augment augment;
   Fusion fusion = Fusion::fused;
+  bool channels_last = false;  ///< --channels-last: Config::channels_last
   // training
   std::string optimizer = "sgd";
   double lr = 0;  ///< 0: 0.1 (SGD) or 1e-3 (Adam)

@@ -52,6 +52,8 @@ model and data:
   --no-flip                 no random horizontal flips
   --fusion fused|composed   elementwise layers as fused channel_broadcast kernels (default) or as
                             separate batch_norm, relu and add ops
+  --channels-last           activations [N, H, W, C] (NHWC convolutions, cuDNN's tensor-core
+                            layout; batch norm on [N*H*W, C]); default [N, C, H, W]
 training:
   --optimizer sgd|adam      (default sgd, momentum 0.9)
   --lr X                    peak learning rate (default 0.1 for sgd, 0.001 for adam)
@@ -131,6 +133,7 @@ Options parse(int argc, char** argv, bool& help) {
     else if (a == "--test-subset") o.test_subset = parse_int(a, next(), 1);
     else if (a == "--augment-pad") o.augment.pad = parse_int(a, next(), 0);
     else if (a == "--no-flip") { flag(); o.augment.flip = false; }
+    else if (a == "--channels-last") { flag(); o.channels_last = true; }
     else if (a == "--fusion") {
       const std::string v = next();
       if (v != "fused" && v != "composed") throw UsageError("--fusion: unknown value '" + v + "' (expected fused or composed)");
@@ -258,6 +261,7 @@ void write_outputs(const Options& o, const std::string& stem, Device device, con
   js["width"] = static_cast<long long>(o.width);
   js["num_params"] = static_cast<long long>(model.num_params());
   js["fusion"] = o.fusion == resnet::Fusion::fused ? "fused" : "composed";
+  js["layout"] = o.channels_last ? "nhwc" : "nchw";
   js["optimizer"] = o.optimizer;
   js["lr"] = o.lr;
   js["schedule"] = o.schedule;
@@ -331,6 +335,7 @@ int run_training(const Options& o) {
 
   resnet::Config cfg;
   cfg.width = o.width;
+  cfg.channels_last = o.channels_last;
   const resnet::Model model = resnet::Model::create(cfg, device, o.seed);
   std::unique_ptr<dualcast::Optimizer> opt;
   if (o.optimizer == "sgd")
@@ -350,7 +355,8 @@ int run_training(const Options& o) {
               o.optimizer.c_str(), o.lr, o.schedule.c_str(), o.momentum, o.weight_decay, o.label_smoothing,
               static_cast<long long>(o.batch), o.epochs, static_cast<long long>(o.augment.pad),
               o.augment.flip ? "on" : "off", static_cast<unsigned long long>(o.seed));
-  std::printf("precision %s\n", dcexp::precision_text(o.precision));
+  std::printf("precision %s, activations %s\n", dcexp::precision_text(o.precision),
+              o.channels_last ? "channels last (NHWC)" : "NCHW");
   if (ddp)
     std::printf("data-parallel: %d ranks (%s), %lld images each per step\n", group.size(),
                 group.comm->backend().c_str(), static_cast<long long>(o.batch / group.size()));

@@ -46,46 +46,68 @@ BatchNormLayer make_bn(std::int64_t c, Device device) {
 // is the price of this model under Autocast today (experiments/resnet/README.md).
 Var as32(const Var& x) { return dualcast::cast(x, DType::float32); }
 
+// Channels last (Config::channels_last): an activation is [N, H, W, C]; batch norm and the fused
+// applies see it as [N*H*W, C] (channels(): a view, no copy), where channel_broadcast's channel axis
+// is the last, and the result takes the activation's shape again (like()).
+Var channels(const Var& x, const Config& c) {
+  if (!c.channels_last) return x;
+  const std::int64_t C = x.shape()[3];
+  return dualcast::reshape(x, {x.numel() / C, C});
+}
+Var like(const Var& y, const Var& activation) { return dualcast::reshape(y, activation.shape()); }
+
+/// conv(x) with the layer's weights, in the model's layout.
+Var conv(const Var& x, const ConvLayer& layer, const Config& c) {
+  if (!c.channels_last) return dualcast::conv2d(x, layer.w, layer.options);
+  dualcast::Conv2dOptions o = layer.options;
+  o.layout = dualcast::ConvLayout::nhwc;
+  return dualcast::conv2d(x, dualcast::permute(layer.w, {0, 2, 3, 1}), o);
+}
+
 BatchNormStats stats(const Var& x32, const BatchNormLayer& bn, bool training, const Config& c) {
-  return dualcast::batch_norm_stats(x32, bn.running_mean, bn.running_var, training, c.bn_momentum, c.bn_eps);
+  return dualcast::batch_norm_stats(channels(x32, c), bn.running_mean, bn.running_var, training, c.bn_momentum,
+                                    c.bn_eps);
 }
 
 Var bn_composed(const Var& x, const BatchNormLayer& bn, bool training, const Config& c) {
-  return dualcast::batch_norm(as32(x), bn.gamma, bn.beta, bn.running_mean,
-                              bn.running_var, training, c.bn_momentum, c.bn_eps);
+  return like(dualcast::batch_norm(channels(as32(x), c), bn.gamma, bn.beta, bn.running_mean, bn.running_var,
+                                   training, c.bn_momentum, c.bn_eps),
+              x);
 }
 
 /// relu(bn(conv(x))).
-Var conv_bn_relu(const Var& x, const ConvLayer& conv, const BatchNormLayer& bn, bool training,
+Var conv_bn_relu(const Var& x, const ConvLayer& layer, const BatchNormLayer& bn, bool training,
                  Fusion fusion, const Config& c) {
-  const Var y = dualcast::conv2d(x, conv.w, conv.options);
+  const Var y = conv(x, layer, c);
   if (fusion == Fusion::composed) return dualcast::relu(bn_composed(y, bn, training, c));
   const Var y32 = as32(y);
   const BatchNormStats s = stats(y32, bn, training, c);
-  return dualcast::channel_broadcast(dualcast::BatchNormRelu{}, y32, s.mean, s.rstd, bn.gamma, bn.beta);
+  return like(dualcast::channel_broadcast(dualcast::BatchNormRelu{}, channels(y32, c), s.mean, s.rstd, bn.gamma,
+                                          bn.beta),
+              y);
 }
 
 Var block_forward(const Var& x, const BasicBlock& b, bool training, Fusion fusion, const Config& c) {
   const Var h = conv_bn_relu(x, b.conv1, b.bn1, training, fusion, c);
-  const Var y = dualcast::conv2d(h, b.conv2.w, b.conv2.options);
+  const Var y = conv(h, b.conv2, c);
   if (fusion == Fusion::composed) {
     const Var main = bn_composed(y, b.bn2, training, c);
     const Var shortcut =
-        b.projection
-            ? bn_composed(dualcast::conv2d(x, b.shortcut.w, b.shortcut.options), b.shortcut_bn, training, c)
-            : x;
+        b.projection ? bn_composed(conv(x, b.shortcut, c), b.shortcut_bn, training, c) : x;
     return dualcast::relu(main + shortcut);
   }
   const Var y32 = as32(y);
   const BatchNormStats s = stats(y32, b.bn2, training, c);
   if (!b.projection)
-    return dualcast::channel_broadcast(dualcast::BatchNormAddRelu{}, y32, s.mean, s.rstd, b.bn2.gamma,
-                                       b.bn2.beta, x);
-  const Var p32 = as32(dualcast::conv2d(x, b.shortcut.w, b.shortcut.options));
+    return like(dualcast::channel_broadcast(dualcast::BatchNormAddRelu{}, channels(y32, c), s.mean, s.rstd,
+                                            b.bn2.gamma, b.bn2.beta, channels(x, c)),
+                y);
+  const Var p32 = as32(conv(x, b.shortcut, c));
   const BatchNormStats ps = stats(p32, b.shortcut_bn, training, c);
-  return dualcast::channel_broadcast(dualcast::BatchNorm2AddRelu{}, y32, s.mean, s.rstd, b.bn2.gamma,
-                                     b.bn2.beta, p32, ps.mean, ps.rstd, b.shortcut_bn.gamma,
-                                     b.shortcut_bn.beta);
+  return like(dualcast::channel_broadcast(dualcast::BatchNorm2AddRelu{}, channels(y32, c), s.mean, s.rstd,
+                                          b.bn2.gamma, b.bn2.beta, channels(p32, c), ps.mean, ps.rstd,
+                                          b.shortcut_bn.gamma, b.shortcut_bn.beta),
+              y);
 }
 
 void push_bn(std::vector<std::pair<std::string, Var>>& out, const std::string& name, const BatchNormLayer& bn) {
@@ -171,9 +193,15 @@ Model Model::create(const Config& config, Device device, std::uint64_t seed) {
 Var Model::forward(const Var& x, bool training, Fusion fusion) const {
   DUALCAST_CHECK(x.shape().rank() == 4 && x.shape()[1] == config_.in_channels, "resnet: input of shape ",
                  x.shape().str(), "; expected [N, ", config_.in_channels, ", H, W]");
-  Var h = conv_bn_relu(x, stem_, stem_bn_, training, fusion, config_);
+  // Channels last: the images as [N, H, W, C] (a reshape for one channel), pooled over H and W.
+  const Var in = !config_.channels_last ? x
+                 : config_.in_channels == 1
+                     ? dualcast::reshape(x, {x.shape()[0], x.shape()[2], x.shape()[3], 1})
+                     : dualcast::permute(x, {0, 2, 3, 1});
+  Var h = conv_bn_relu(in, stem_, stem_bn_, training, fusion, config_);
   for (const BasicBlock& b : blocks_) h = block_forward(h, b, training, fusion, config_);
-  const Var pooled = dualcast::flatten(dualcast::adaptive_avg_pool2d(h, {1, 1}));  // [N, 8w]
+  const Var pooled = config_.channels_last ? dualcast::mean(h, {1, 2})  // [N, 8w]
+                                           : dualcast::flatten(dualcast::adaptive_avg_pool2d(h, {1, 1}));
   return dualcast::matmul(pooled, fc_w_, false, true) + fc_b_;
 }
 

@@ -33,6 +33,11 @@ struct Config {
   std::vector<int> blocks{2, 2, 2, 2};  ///< basic blocks per stage
   double bn_momentum = 0.1;
   double bn_eps = 1e-5;
+  /// Activations channels last ([N, H, W, C], PyTorch's channels_last): the convolutions run as
+  /// ConvLayout::nhwc (cuDNN's tensor-core kernels are NHWC ones), each weight permuted to
+  /// [O, KH, KW, C] as it is used (the parameters keep PyTorch's [O, C, KH, KW]), batch norm on
+  /// the [N*H*W, C] view of an activation. The input and the logits are the same either way.
+  bool channels_last = false;
 };
 
 enum class Fusion { fused, composed };

@@ -1,6 +1,6 @@
 // test_model.cu: the whole ResNet-18 model of model.hpp. Fused equals composed (the same network
 // built from channel_broadcast functors and from separate batch_norm / relu / add ops: logits, every
-// gradient, running statistics); GPU equal to CPU on the same weights and batch; a warm training step
+// gradient, running statistics); channels last equals channels first; GPU equal to CPU on the same weights and batch; a warm training step
 // allocates no new device memory; evaluation uses the running statistics; the augmented gather is the
 // same on every device, and is a shift and mirror of its image.
 #include <gtest/gtest.h>
@@ -44,9 +44,10 @@ struct Result {
 };
 
 Result step(Device dev, std::int64_t width, std::int64_t batch, resnet::Fusion fusion, std::uint64_t seed = 3,
-            bool bf16 = false) {
+            bool bf16 = false, bool channels_last = false) {
   resnet::Config cfg;
   cfg.width = width;
+  cfg.channels_last = channels_last;
   const resnet::Model model = resnet::Model::create(cfg, dev, seed);
   const Tensor x = Tensor::randn({batch, 1, 28, 28}, Device::cpu(), seed + 1).to(dev);
   std::vector<float> labels;
@@ -89,6 +90,22 @@ TEST_P(ResNet, FusedEqualsComposedUnderBf16Autocast) {
   const Device dev = GetParam();
   expect_same(step(dev, 4, 6, resnet::Fusion::fused, 3, true), step(dev, 4, 6, resnet::Fusion::composed, 3, true),
               kNetworkBf16Tol, "fused vs composed under bf16 Autocast");
+}
+
+TEST_P(ResNet, ChannelsLastEqualsChannelsFirst) {
+  // The same step with NHWC activations (ConvLayout::nhwc convolutions, batch norm on [N*H*W, C]
+  // rows), fused and composed: logits, every gradient (parameters keep their [O, C, KH, KW] layout)
+  // and the running statistics.
+  const Device dev = GetParam();
+  for (const resnet::Fusion fusion : {resnet::Fusion::fused, resnet::Fusion::composed})
+    expect_same(step(dev, 4, 6, fusion, 3, false, true), step(dev, 4, 6, fusion, 3, false, false), kNetworkTol,
+                fusion == resnet::Fusion::fused ? "channels last vs first (fused)" : "channels last vs first (composed)");
+}
+
+TEST_P(ResNet, ChannelsLastEqualsChannelsFirstUnderBf16Autocast) {
+  const Device dev = GetParam();
+  expect_same(step(dev, 4, 6, resnet::Fusion::fused, 3, true, true), step(dev, 4, 6, resnet::Fusion::fused, 3, true),
+              kNetworkBf16Tol, "channels last vs first under bf16 Autocast");
 }
 
 TEST_P(ResNet, GpuEqualsCpu) {

@@ -71,8 +71,9 @@ struct ChannelPlan {
 };
 ChannelPlan plan_channel_broadcast(std::vector<ChannelArg> args);
 /// Slices per channel of the backward pass: enough tasks to fill the device, none shorter than a few
-/// thousand elements.
-std::int64_t channel_slices(Device device, std::int64_t C, std::int64_t M);
+/// thousand elements (on a GPU in columns, channel_columns: enough blocks of 32 channels, none
+/// shorter than 64 rows).
+std::int64_t channel_slices(Device device, std::int64_t C, std::int64_t M, std::int64_t inner);
 
 /// Operands of a call whose tensors are stored as S.
 template <class S, int NA>
@@ -113,7 +114,7 @@ class ChannelBroadcastNode final : public Node {
     body.ops = make_channel_operands<T, NA>(plan_);
     body.adj = g.template data<T>();
     body.M = plan_.N * plan_.inner;
-    body.S = channel_slices(dev, plan_.C, body.M);
+    body.S = channel_slices(dev, plan_.C, body.M, plan_.inner);
     if (!aligned16(body.adj)) body.ops.vec = false;
 
     // Slot k -> argument index.

@@ -1,10 +1,21 @@
-// ops/conv.hpp: 2-D convolution on the tape, NCHW, PyTorch's semantics (cross-correlation, as
+// ops/conv.hpp: 2-D convolution on the tape, PyTorch's semantics (cross-correlation, as
 // torch.nn.functional.conv2d), float32, float64, bfloat16 and float16, CPU and CUDA.
 //
 //   x [N, C, H, W], w [O, C / groups, KH, KW]  ->  y [N, O, OH, OW],
 //   OH = (H + 2 * padding.h - dilation.h * (KH - 1) - 1) / stride.h + 1   (likewise OW).
 //
-// A bias is a broadcast add (the conv2d overload with a bias [O] adds reshape(bias, {1, O, 1, 1})).
+// Conv2dOptions::layout = ConvLayout::nhwc puts the channels last, as PyTorch's channels_last
+// memory format does (dualcast tensors are contiguous, so the shapes say it):
+//   x [N, H, W, C], w [O, KH, KW, C / groups]  ->  y [N, OH, OW, O].
+// cuDNN's 16-bit and TF32 tensor-core convolutions are NHWC kernels: given NCHW tensors it either
+// transposes them around each call or takes older kernels (on an H200, ResNet-18's bf16
+// convolutions: 8.4 ms of kernel time in NCHW against PyTorch's 2.3 ms in NHWC, h200-2026-11-29h).
+// On cuDNN an nhwc convolution is one cuDNN call on NHWC descriptors (float64 excepted: below);
+// elsewhere (the CPU, im2col + GEMM, and float64) it is the NCHW convolution between two permutes
+// on the tape, which costs two copies each way.
+//
+// A bias is a broadcast add (the conv2d overload with a bias [O] adds reshape(bias, {1, O, 1, 1}),
+// or the bias itself along the last dimension in nhwc).
 //
 // Precision (precision.hpp). float32 on cuDNN follows set_float32_matmul_precision: "highest" (the
 // default) in CUDNN_FMA_MATH, no TF32; "high" and "medium" in CUDNN_DEFAULT_MATH, TF32 allowed.
@@ -39,6 +50,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "dualcast/shape.hpp"
 #include "dualcast/tape.hpp"
@@ -57,12 +69,19 @@ struct Size2 {
   friend constexpr bool operator==(const Size2& a, const Size2& b) { return a.h == b.h && a.w == b.w; }
 };
 
+/// Where a convolution's tensors keep their channels (see the top of this header).
+enum class ConvLayout {
+  nchw,  ///< x [N, C, H, W], w [O, C/groups, KH, KW], y [N, O, OH, OW]
+  nhwc,  ///< x [N, H, W, C], w [O, KH, KW, C/groups], y [N, OH, OW, O]
+};
+
 /// conv2d's geometry, e.g. Conv2dOptions{.stride = 2, .padding = 1} or {.groups = C} (depthwise).
 struct Conv2dOptions {
   Size2 stride{1};
   Size2 padding{0};
   Size2 dilation{1};
   std::int64_t groups = 1;
+  ConvLayout layout = ConvLayout::nchw;
 };
 
 /// y = conv2d(x, w): see the top of this header.
@@ -90,5 +109,10 @@ void set_conv_backend(ConvBackend backend);
 /// What convolutions on `device` run on, for reports: "cuDNN 9.14.0 (algorithms: find)",
 /// "im2col + cuBLAS GEMM", "im2col + CPU BLAS GEMM".
 [[nodiscard]] std::string conv_backend_name(Device device);
+/// The cuDNN algorithms chosen so far in this process, one entry per convolution shape and direction
+/// in the order chosen: "forward:IMPLICIT_PRECOMP_GEMM (bfloat16, tensor-op math, nhwc, x [256, 28,
+/// 28, 64], O 64, 3x3 stride 1x1, groups 1, 0.09 ms in the search)" (or "heuristic)" where the v7
+/// heuristics chose). Empty without cuDNN. For reports: a benchmark records which kernels it timed.
+[[nodiscard]] std::vector<std::string> conv_algorithms_chosen();
 
 }  // namespace dualcast

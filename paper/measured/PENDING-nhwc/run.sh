@@ -1,0 +1,35 @@
+#!/bin/bash
+# Branch nhwc (channels-last convolutions and the ResNet-18 model's --channels-last; written on the CPU
+# in the seventh session, not yet run on a GPU) waits for, after
+#   scripts/gpu-check --build-only --commit SHA, then --only-tests --no-build --commit SHA
+# on the same machine (its build/release). Rename this folder to the run's name when it runs.
+#   bash paper/measured/PENDING-nhwc/run.sh resnet    # the ResNet-18 step at batch 256, bf16 and tf32:
+#        # dualcast NCHW and channels last, torch.compile at the same precision (channels_last and
+#        # autocast: scripts/precision-study resnet), one machine, one call
+#   bash paper/measured/PENDING-nhwc/run.sh profile   # where the channels-last bf16 step's time goes
+#        # (ncu kernel durations, experiments/resnet/breakdown.py; cuDNN's algorithms chosen by the
+#        # v7 heuristics, since a Find search under ncu times its candidates wrongly: the bf16 profile
+#        # of h200-2026-11-29h shows 14.3 ms of kernels in a step that takes 7.8 ms unprofiled)
+set -u
+source scripts/device-run.sh "${1:?resnet|profile}"
+if [ "$part" = resnet ]; then
+  dr_build resnet_train
+  timeout 300 scripts/precision-study $B "$R/study" resnet > "$R/study.log" 2>&1
+  echo "precision-study resnet rc=$? at $((SECONDS - t0)) s"
+  grep -E "median|^ +256|captured|compile  batch|validation" "$R/study.log"
+  rm -rf "$R/study.tgz" "$R/study/resnet/export"  # 45 MB of weights: the device would not return them
+  for p in bf16 tf32 fp32; do
+    timeout 90 $B/experiments/resnet/resnet_train --device cuda --bench 256 --capture --precision $p \
+      --channels-last --out "$R/nhwc" > "$R/nhwc_$p.log" 2>&1
+    echo "channels last $p rc=$? at $((SECONDS - t0)) s"; grep -E "^ +256|captured" "$R/nhwc_$p.log"
+  done
+fi
+if [ "$part" = profile ]; then
+  dr_build resnet_train
+  OUT="$R/bf16" DUALCAST_CUDNN_ALGO=heuristic timeout 300 scripts/resnet-study profile --no-build --precision bf16 \
+    --channels-last > "$R/profile_bf16.log" 2>&1
+  echo "profile bf16 channels last rc=$? at $((SECONDS - t0)) s"
+  cp results/resnet/breakdown.txt "$R/breakdown_bf16_nhwc.txt" 2>/dev/null && grep -E "kernel time|^  [a-z]|ms " "$R/breakdown_bf16_nhwc.txt" | head -40
+  rm -f "$R/bf16/resnet.tar.gz"
+fi
+dr_pack
