@@ -631,7 +631,7 @@ void launch_broadcast(Device device, const Body& body) {
   const std::int64_t wave =
       static_cast<std::int64_t>(multiprocessor_count(device)) * broadcast_blocks_per_sm<Body>();
   const auto blocks = static_cast<unsigned>(needed < wave ? needed : wave);
-  launch_chained(device, broadcast_fast_kernel<Body>, dim3(blocks), dim3(kBroadcastThreads), 0, stream(device), body,
+  launch_chained(device, broadcast_fast_kernel<Body>, dim3(blocks), dim3(kBroadcastThreads), 0, body,
                  static_cast<std::uint32_t>(chunks));
 #else
   parallel_for(device, chunks, FastChunks<Body>{body});  // fails with the host-compiler message

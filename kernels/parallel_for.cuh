@@ -35,8 +35,7 @@ inline unsigned grid_for(Device device, std::int64_t n, int blocks_per_sm = 8) {
 template <class Body>
 void launch_parallel_for(Device device, std::int64_t n, const Body& body) {
   DeviceGuard guard(device);
-  launch_chained(device, parallel_for_kernel<Body>, dim3(grid_for(device, n)), dim3(kBlockSize), 0, stream(device),
-                 n, body);
+  launch_chained(device, parallel_for_kernel<Body>, dim3(grid_for(device, n)), dim3(kBlockSize), 0, n, body);
 }
 
 }  // namespace dualcast::detail

@@ -16,10 +16,12 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <utility>
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -50,6 +52,7 @@ struct DeviceCache {
   // block that belongs to one (empty while no pool exists, so eager frees skip the lookup).
   std::atomic<detail::GraphPool*> capturing{nullptr};
   std::unordered_map<void*, detail::GraphPool*> pool_of;
+  std::vector<std::function<void()>> foreign_due;  // see pool_dissolve and run_foreign_due
 };
 
 // The allocator's state is created on first use and never destroyed: a Tensor with static storage
@@ -103,6 +106,7 @@ std::string stats_str(const MemoryStats& s) {
 
 void* pool_allocate(DeviceCache& cache, detail::GraphPool& pool, std::size_t block, int index);
 bool pool_deallocate(DeviceCache& cache, void* p, std::size_t block) noexcept;
+void run_foreign_due(DeviceCache& cache, int index) noexcept;
 
 /// `requested` bytes asked for, served as a block of `block` bytes (its size class).
 void* device_allocate(std::size_t requested, std::size_t block, int index) {
@@ -148,10 +152,14 @@ void* device_allocate(std::size_t requested, std::size_t block, int index) {
 
 void device_deallocate(void* p, std::size_t block, int index) noexcept {
   DeviceCache& cache = cache_for(index);
-  std::lock_guard lock(cache.mutex);
-  if (pool_deallocate(cache, p, block)) return;
-  cache.free_blocks[block].push_back(p);
-  cache.stats.bytes_in_use -= static_cast<std::int64_t>(block);
+  {
+    std::lock_guard lock(cache.mutex);
+    if (!pool_deallocate(cache, p, block)) {
+      cache.free_blocks[block].push_back(p);
+      cache.stats.bytes_in_use -= static_cast<std::int64_t>(block);
+    }
+  }
+  run_foreign_due(cache, index);
 }
 
 // ---- graph pools (src/memory_pool.hpp) -----------------------------------------------------------
@@ -168,6 +176,9 @@ struct GraphPool {
   std::vector<std::pair<void*, std::size_t>> blocks;  // every block the pool owns
   std::int64_t live = 0;                               // of them, handed out to live buffers now
   bool owner_alive = true;
+  // Releases of adopted memory (Buffer::adopt) dropped during the capture: the graph may read that
+  // memory, so its owner gets it back only when the pool dissolves.
+  std::vector<std::function<void()>> foreign;
 };
 }  // namespace detail
 
@@ -186,7 +197,46 @@ void pool_dissolve(DeviceCache& cache, detail::GraphPool* pool) noexcept {
     cache.pool_of.erase(p);
     cache.stats.graph_pool_bytes -= static_cast<std::int64_t>(block);
   }
+  // Run by run_foreign_due once the cache's lock is released: an owner's release may free dualcast
+  // memory of its own (a tensor exported with to_dlpack and taken back).
+  for (auto& release : pool->foreign) cache.foreign_due.push_back(std::move(release));
   delete pool;
+}
+
+// Called WITHOUT cache.mutex held: the releases of adopted memory whose graph pool dissolved, once
+// the device's stream has finished with it (a graph's last replay may still be queued).
+void run_foreign_due(DeviceCache& cache, int index) noexcept {
+  std::vector<std::function<void()>> due;
+  {
+    std::lock_guard lock(cache.mutex);
+    due.swap(cache.foreign_due);
+  }
+  if (due.empty()) return;
+  (void)cudaStreamSynchronize(detail::stream(Device{DeviceKind::cuda, index}));
+  for (auto& release : due) {
+    try {
+      release();
+    } catch (...) {
+    }
+  }
+}
+
+// Adopted memory dropped on a CUDA device: given to its owner once dualcast's stream is done with
+// it, or, during a capture on the device, kept by the capture's pool (pool_dissolve).
+void foreign_deallocate(std::function<void()> release, int index) noexcept {
+  DeviceCache& cache = cache_for(index);
+  {
+    std::lock_guard lock(cache.mutex);
+    if (detail::GraphPool* pool = cache.capturing.load()) {
+      pool->foreign.push_back(std::move(release));
+      return;
+    }
+  }
+  (void)cudaStreamSynchronize(detail::stream(Device{DeviceKind::cuda, index}));
+  try {
+    release();
+  } catch (...) {
+  }
 }
 
 // Called with cache.mutex held.
@@ -287,10 +337,13 @@ void pool_release(Device device, GraphPool* pool) noexcept {
 #if DUALCAST_WITH_CUDA
   if (pool == nullptr) return;
   DeviceCache& cache = cache_for(device.index);
-  std::lock_guard lock(cache.mutex);
-  if (cache.capturing.load() == pool) cache.capturing.store(nullptr);
-  pool->owner_alive = false;
-  if (pool->live == 0) pool_dissolve(cache, pool);
+  {
+    std::lock_guard lock(cache.mutex);
+    if (cache.capturing.load() == pool) cache.capturing.store(nullptr);
+    pool->owner_alive = false;
+    if (pool->live == 0) pool_dissolve(cache, pool);
+  }
+  run_foreign_due(cache, device.index);
 #else
   (void)device;
   (void)pool;
@@ -398,7 +451,36 @@ Buffer::Buffer(std::size_t bytes, Device device) : bytes_(bytes), device_(device
 #endif
 }
 
+Buffer Buffer::adopt(void* data, std::size_t bytes, Device device, std::function<void()> release) {
+  Buffer b;
+  b.data_ = data;
+  b.bytes_ = bytes;
+  b.device_ = device;
+  b.adopted_ = true;
+  b.adopted_release_ = std::move(release);
+  return b;
+}
+
 void Buffer::release() noexcept {
+  if (adopted_) {
+    // Another library's memory: never freed here; its owner's release (a DLPack deleter) runs once.
+    auto release = std::move(adopted_release_);
+    adopted_release_ = nullptr;
+    adopted_ = false;
+    data_ = nullptr;
+    if (!release) return;
+#if DUALCAST_WITH_CUDA
+    if (device_.is_cuda()) {
+      foreign_deallocate(std::move(release), device_.index);
+      return;
+    }
+#endif
+    try {
+      release();
+    } catch (...) {
+    }
+    return;
+  }
   if (!data_) return;
   if (device_.is_cpu()) {
     std::free(data_);
@@ -419,9 +501,11 @@ Buffer::~Buffer() { release(); }
 
 Buffer::Buffer(Buffer&& other) noexcept
     : data_(other.data_), bytes_(other.bytes_), block_bytes_(other.block_bytes_),
-      device_(other.device_) {
+      device_(other.device_), adopted_(other.adopted_), adopted_release_(std::move(other.adopted_release_)) {
   other.data_ = nullptr;
   other.bytes_ = other.block_bytes_ = 0;
+  other.adopted_ = false;
+  other.adopted_release_ = nullptr;
 }
 
 Buffer& Buffer::operator=(Buffer&& other) noexcept {
@@ -431,8 +515,12 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
     bytes_ = other.bytes_;
     block_bytes_ = other.block_bytes_;
     device_ = other.device_;
+    adopted_ = other.adopted_;
+    adopted_release_ = std::move(other.adopted_release_);
     other.data_ = nullptr;
     other.bytes_ = other.block_bytes_ = 0;
+    other.adopted_ = false;
+    other.adopted_release_ = nullptr;
   }
   return *this;
 }

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <new>
 #include <string>
+#include <utility>
 
 #include "dualcast/error.hpp"
 #include "dualcast/graph.hpp"
@@ -84,6 +85,21 @@ Tensor Tensor::allocate(const char* op, const Shape& shape, DType dtype, Device 
   } catch (const std::bad_alloc&) {
     throw Error(describe() + "std::bad_alloc");
   }
+  return Tensor(std::move(storage), shape, dtype, device);
+}
+
+Tensor Tensor::wrap(void* data, const Shape& shape, DType dtype, Device device, std::function<void()> release) {
+  const std::int64_t n = checked_numel("Tensor::wrap", "shape", shape);
+  const std::size_t item = dtype_size(dtype);
+  DUALCAST_CHECK(data != nullptr || n == 0, "Tensor::wrap: no data for a tensor of shape ", shape.str());
+  DUALCAST_CHECK(reinterpret_cast<std::uintptr_t>(data) % item == 0, "Tensor::wrap: data at ", data,
+                 " is not aligned to its ", dtype_name(dtype), " elements (", item, " bytes)");
+  DUALCAST_CHECK(static_cast<std::uint64_t>(n) <= SIZE_MAX / item, "Tensor::wrap: shape ", shape.str(),
+                 " of ", dtype_name(dtype), " needs more bytes than a 64-bit byte count holds");
+  // The shared Buffer exists before it adopts the memory: an allocation failure here must leave the
+  // memory with its owner, and `release` unrun.
+  auto storage = std::make_shared<Buffer>();
+  *storage = Buffer::adopt(data, static_cast<std::size_t>(n) * item, device, std::move(release));
   return Tensor(std::move(storage), shape, dtype, device);
 }
 

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -50,12 +51,16 @@ struct Fixtures {
         x64(Tensor::randn({2, 3}, dev, 3, DType::float64)),
         p(Var::param(x.clone())),
         q(Var::param(y.clone())),
-        labels(Tensor::from_vector<int>({2}, {0, 2}, dev)) {}
+        labels(Tensor::from_vector<int>({2}, {0, 2}, dev)),
+        dl(to_dlpack(x), [](dlpack::DLManagedTensor* m) { m->deleter(m); }) {}
   Device d;
   Tensor x, y, x64;
   Var p, q;
   Tensor labels;
   std::string data_dir = kDataDir;
+  /// x handed out through DLPack, for the rows that take it back altered: a tensor from_dlpack
+  /// refuses stays its caller's, so it is released here.
+  std::unique_ptr<dlpack::DLManagedTensor, void (*)(dlpack::DLManagedTensor*)> dl;
 };
 
 struct BadInput {
@@ -72,7 +77,8 @@ std::vector<std::string> S(std::initializer_list<const char*> words) { return {w
   [[maybe_unused]] const Device d = fx.d;                                                 \
   [[maybe_unused]] const Tensor &x = fx.x, &y = fx.y, &x64 = fx.x64, &labels = fx.labels; \
   [[maybe_unused]] Var &p = fx.p, &q = fx.q;                                                \
-  [[maybe_unused]] const std::string& data_dir = fx.data_dir
+  [[maybe_unused]] const std::string& data_dir = fx.data_dir;                            \
+  [[maybe_unused]] auto& dl = fx.dl
 /// A row: area, the words, then the code: an expression (DC_ROW, DC_HOST_ROW: run once, on the
 /// CPU) or statements (DC_STMTS).
 #define DC_ROW(area, says, ...) \
@@ -103,6 +109,12 @@ std::vector<BadInput> bad_inputs() {
       DC_ROW("tensor", S({"arange", "step=0"}), Tensor::arange(0.0, 10.0, 0.0)),
       DC_ROW("tensor", S({"fill_", "100000", "float16", "65504", "[2, 3]"}),
              Tensor::full({2, 3}, 1e5, DType::float16, d)),
+      // ---- DLPack ----------------------------------------------------------------------------------
+      DC_STMTS("dlpack", S({"from_dlpack", "strides [1, 2]", "[2, 3]", "not contiguous"}),
+               dl->dl_tensor.strides[0] = 1; dl->dl_tensor.strides[1] = 2; Tensor t = from_dlpack(dl.get());
+               (void)dl.release()),
+      DC_STMTS("dlpack", S({"from_dlpack", "int32", "float32, float64"}),
+               dl->dl_tensor.dtype = {dlpack::kDLInt, 32, 1}; Tensor t = from_dlpack(dl.get()); (void)dl.release()),
       // ---- broadcast (mixed mode) ------------------------------------------------------------------
       DC_ROW("broadcast", S({"broadcast", "'#0'", "[2, 3]", "'#1'", "[4, 3]"}), broadcast(Square{}, p, y)),
       DC_ROW("broadcast", S({"broadcast", "float64", "float32", "[2, 3]"}), broadcast(Square{}, p, x64)),
@@ -325,8 +337,8 @@ std::string render_doc() {
      << "`DUALCAST_WRITE_BAD_INPUT_DOC=1 build/cpu-only/tests/test_bad_input --gtest_filter='BadInputDoc.*'`.\n\n"
      << "In the code, `d` is the device, `x` a float32 tensor of shape [2, 3], `y` one of shape [4, 3],\n"
      << "`x64` a float64 tensor of shape [2, 3], `p = Var::param(x.clone())`, `q = Var::param(y.clone())`,\n"
-     << "`labels` the class indices {0, 2}, `data_dir` the folder `tests/data`, and `Square` the\n"
-     << "broadcast function `a * a + b`.\n\n"
+     << "`labels` the class indices {0, 2}, `data_dir` the folder `tests/data`, `dl` a\n"
+     << "`std::unique_ptr` holding `to_dlpack(x)`, and `Square` the broadcast function `a * a + b`.\n\n"
      << "| # | area | what the user did | what dualcast says |\n"
      << "|---|---|---|---|\n";
   int n = 0;

@@ -71,10 +71,9 @@ Seen probe(Device d, int tries, bool graph) {
   Tensor flag = Tensor::zeros({1}, DType::float32, d);
   Tensor seen = Tensor::zeros({2}, DType::float32, d);
   auto pair = [&] {
-    const cudaStream_t s = detail::stream(d);
-    detail::launch_chained(d, slow_writer, dim3(1), dim3(32), 0, s, static_cast<float*>(flag.raw_data()),
+    detail::launch_chained(d, slow_writer, dim3(1), dim3(32), 0, static_cast<float*>(flag.raw_data()),
                            std::uint64_t{1'000'000});
-    detail::launch_chained(d, early_reader, dim3(1), dim3(1), 0, s, static_cast<const float*>(flag.raw_data()),
+    detail::launch_chained(d, early_reader, dim3(1), dim3(1), 0, static_cast<const float*>(flag.raw_data()),
                            static_cast<float*>(seen.raw_data()));
   };
   Graph g;

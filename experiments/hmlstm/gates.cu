@@ -35,8 +35,9 @@ struct LayerGates::Stack {
   Tensor ds;
   std::vector<char> written, deposited;
   /// Per step, the inputs (below, zb, h, z, above) an earlier cell_step's kernel wrote its gate
-  /// inputs from (all null: not written ahead).
-  std::vector<std::array<const void*, 5>> packed_from;
+  /// inputs from (all undefined: not written ahead). Held, not just their addresses: while they are
+  /// held no other tensor can take their memory and pass for them.
+  std::vector<std::array<Tensor, 5>> packed_from;
   std::int64_t B = 0, G = 0, K = 0;
   DType low = DType::float32;  // the products' autocast dtype (float32: plain matmul)
 };
@@ -190,8 +191,8 @@ void gate_input_backward(Device d, const GateInputGrads& a, std::int64_t B, std:
   if (d.is_cpu()) return cpu_gate_input_backward<T>(a, B, H, K);
 #if defined(__CUDACC__)
   detail::DeviceGuard guard(d);
-  detail::launch_chained(d, gate_input_backward_kernel<T>, dim3(static_cast<unsigned>(B)), dim3(kRowThreads), 0,
-                         detail::stream(d), a, H, K);
+  detail::launch_chained(d, gate_input_backward_kernel<T>, dim3(static_cast<unsigned>(B)), dim3(kRowThreads), 0, a,
+                         H, K);
 #else
   DUALCAST_FAIL("hmlstm gates on ", d.str(), ": this file was compiled without nvcc");
 #endif
@@ -599,10 +600,14 @@ LayerGates::StepValues LayerGates::products(std::int64_t t, const Var& below, co
   const std::int64_t ks = is_half(low_) ? wlow_.shape()[1] : K;  // X's row length (Stack::x)
   Tensor x = track ? stack_->x.narrow(t * B, B) : Tensor::empty({B, ks}, xtype_, d);
   // Written ahead by the cell kernel before (cell_step's NextInputs) from these very inputs: done.
-  const std::array<const void*, 5> from = {v.below.raw_data(), ptr_or_null(v.zb), h.value().raw_data(),
-                                           ptr_or_null(v.z), ptr_or_null(v.above)};
-  const bool packed = track && stack_->packed_from[static_cast<std::size_t>(t)] == from;
-  if (track) stack_->packed_from[static_cast<std::size_t>(t)] = {};  // used once: no stale match later
+  bool packed = false;
+  if (track) {
+    std::array<Tensor, 5>& held = stack_->packed_from[static_cast<std::size_t>(t)];
+    const std::array<const Tensor*, 5> now = {&v.below, &v.zb, &h.value(), &v.z, &v.above};
+    packed = held[2].defined();
+    for (std::size_t k = 0; k < 5; ++k) packed = packed && ptr_or_null(held[k]) == ptr_or_null(*now[k]);
+    held = {};  // used once: no stale match later, and the inputs are let go
+  }
   auto run = [&](auto tag, auto xtag) {
     using T = decltype(tag);
     using TX = decltype(xtag);
@@ -687,8 +692,7 @@ std::vector<Var> LayerGates::cell_step(std::int64_t t, const Var& below, const V
     pack.h = nh.raw_data();
     pack.z = ptr_or_null(nz);
     pack.above = ptr_or_null(na);
-    nl->stack_->packed_from[static_cast<std::size_t>(next.t)] = {own_h.raw_data(), ptr_or_null(own_z), nh.raw_data(),
-                                                                 ptr_or_null(nz), ptr_or_null(na)};
+    nl->stack_->packed_from[static_cast<std::size_t>(next.t)] = {own_h, own_z, nh, nz, na};
   }
   with_stack_types(dt, xtype_, [&](auto tag, auto xtag) {  // the next layer's X is of this type (checked)
     using T = decltype(tag);

@@ -39,18 +39,19 @@ BatchNormLayer make_bn(std::int64_t c, Device device) {
 }
 
 // Under Autocast a convolution returns a 16-bit result, and batch norm statistics are float32
-// work (summing a channel in 16 bits loses it): they are taken of a float32 copy (as
-// batch_norm_stats would make itself). cast() returns a float32 input itself, so the float32 path
-// is unchanged. The fused apply gets the 16-bit result and the float32 statistics, so
-// channel_broadcast promotes: it converts the result to float32 first and returns float32. Those
-// conversion passes are the price of this model under Autocast today (experiments/resnet/README.md).
-BatchNormStats stats(const Var& x, const BatchNormLayer& bn, bool training, const Config& c) {
-  return dualcast::batch_norm_stats(dualcast::cast(x, DType::float32), bn.running_mean, bn.running_var,
-                                    training, c.bn_momentum, c.bn_eps);
+// work (summing a channel in 16 bits loses it). So the result is converted to float32 once
+// (as32), and both the statistics and the fused apply read that copy: the apply would otherwise
+// convert the 16-bit result a second time (channel_broadcast promotes it to its float32 operands'
+// dtype). cast() returns a float32 input itself, so the float32 path is unchanged. The conversion
+// is the price of this model under Autocast today (experiments/resnet/README.md).
+Var as32(const Var& x) { return dualcast::cast(x, DType::float32); }
+
+BatchNormStats stats(const Var& x32, const BatchNormLayer& bn, bool training, const Config& c) {
+  return dualcast::batch_norm_stats(x32, bn.running_mean, bn.running_var, training, c.bn_momentum, c.bn_eps);
 }
 
 Var bn_composed(const Var& x, const BatchNormLayer& bn, bool training, const Config& c) {
-  return dualcast::batch_norm(dualcast::cast(x, DType::float32), bn.gamma, bn.beta, bn.running_mean,
+  return dualcast::batch_norm(as32(x), bn.gamma, bn.beta, bn.running_mean,
                               bn.running_var, training, c.bn_momentum, c.bn_eps);
 }
 
@@ -59,8 +60,9 @@ Var conv_bn_relu(const Var& x, const ConvLayer& conv, const BatchNormLayer& bn, 
                  Fusion fusion, const Config& c) {
   const Var y = dualcast::conv2d(x, conv.w, conv.options);
   if (fusion == Fusion::composed) return dualcast::relu(bn_composed(y, bn, training, c));
-  const BatchNormStats s = stats(y, bn, training, c);
-  return dualcast::channel_broadcast(dualcast::BatchNormRelu{}, y, s.mean, s.rstd, bn.gamma, bn.beta);
+  const Var y32 = as32(y);
+  const BatchNormStats s = stats(y32, bn, training, c);
+  return dualcast::channel_broadcast(dualcast::BatchNormRelu{}, y32, s.mean, s.rstd, bn.gamma, bn.beta);
 }
 
 Var block_forward(const Var& x, const BasicBlock& b, bool training, Fusion fusion, const Config& c) {
@@ -74,14 +76,15 @@ Var block_forward(const Var& x, const BasicBlock& b, bool training, Fusion fusio
             : x;
     return dualcast::relu(main + shortcut);
   }
-  const BatchNormStats s = stats(y, b.bn2, training, c);
+  const Var y32 = as32(y);
+  const BatchNormStats s = stats(y32, b.bn2, training, c);
   if (!b.projection)
-    return dualcast::channel_broadcast(dualcast::BatchNormAddRelu{}, y, s.mean, s.rstd, b.bn2.gamma,
+    return dualcast::channel_broadcast(dualcast::BatchNormAddRelu{}, y32, s.mean, s.rstd, b.bn2.gamma,
                                        b.bn2.beta, x);
-  const Var p = dualcast::conv2d(x, b.shortcut.w, b.shortcut.options);
-  const BatchNormStats ps = stats(p, b.shortcut_bn, training, c);
-  return dualcast::channel_broadcast(dualcast::BatchNorm2AddRelu{}, y, s.mean, s.rstd, b.bn2.gamma,
-                                     b.bn2.beta, p, ps.mean, ps.rstd, b.shortcut_bn.gamma,
+  const Var p32 = as32(dualcast::conv2d(x, b.shortcut.w, b.shortcut.options));
+  const BatchNormStats ps = stats(p32, b.shortcut_bn, training, c);
+  return dualcast::channel_broadcast(dualcast::BatchNorm2AddRelu{}, y32, s.mean, s.rstd, b.bn2.gamma,
+                                     b.bn2.beta, p32, ps.mean, ps.rstd, b.shortcut_bn.gamma,
                                      b.shortcut_bn.beta);
 }
 

@@ -108,9 +108,14 @@ def make_pointwise(kind):
         boundary = elementwise(DUALCAST_BOUNDARY, inputs="s a", differentiable="s")
 
         def pointwise(zflag, zbflag, c, h, s, a):
+            # One split, not five slices: autograd then joins the five gradients with one cat, where
+            # each slice's backward would fill a zero tensor of s's shape and add it to the others
+            # (about 40 us of a 295 us layer-step on the CPU at H 16, B 4). The compiled variant's
+            # slices are inside its graph, so its backward makes s's gradient at once.
             H = c.shape[1]
-            c_new, h_new = cell(zflag, zbflag, c, h, s[:, :H], s[:, H:2 * H], s[:, 2 * H:3 * H], s[:, 3 * H:4 * H])
-            return c_new, h_new, boundary(s[:, 4 * H:4 * H + 1], a)
+            f, i, o, g, sz = s.split((H, H, H, H, 1), dim=1)
+            c_new, h_new = cell(zflag, zbflag, c, h, f, i, o, g)
+            return c_new, h_new, boundary(sz, a)
         return pointwise
 
     def pointwise(zflag, zbflag, c, h, s, a):

@@ -15,6 +15,7 @@
 #include "dualcast/parallel.hpp"
 #include "dualcast/indexing.hpp"
 #include "dualcast/tensor.hpp"
+#include "dualcast/dlpack.hpp"
 #include "dualcast/dual.hpp"
 #include "dualcast/math.hpp"
 #include "dualcast/tape.hpp"

@@ -19,6 +19,7 @@
 
 #include "dualcast/device.hpp"
 #include "dualcast/error.hpp"
+#include "dualcast/stream.hpp"
 
 #if DUALCAST_WITH_CUDA || defined(__CUDACC__)
 #include <cuda_runtime_api.h>
@@ -62,12 +63,12 @@ __device__ __forceinline__ void chain_wait() {
 /// The kernel must call chain_wait() first (file comment). Checks the launch.
 template <class... Params, class... Args>
 void launch_chained(Device device, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem,
-                    cudaStream_t stream, Args&&... args) {
+                    Args&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
+  cfg.stream = stream(device);
   cudaLaunchAttribute attr[1];
   cfg.attrs = attr;
   cfg.numAttrs = static_cast<unsigned>(add_chain_attribute(device, attr, 0));

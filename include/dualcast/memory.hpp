@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "dualcast/device.hpp"
 
@@ -32,11 +33,18 @@ void empty_cache(Device device);
 void reset_peak_memory_stats(Device device);
 
 /// Owns `bytes` of memory on a device: host memory (64-byte aligned) or a block of the caching
-/// device allocator. Move-only: a deep copy is always an explicit Tensor::clone().
+/// device allocator, or memory owned elsewhere (`adopt`: another library's tensor, through
+/// DLPack). Move-only: a deep copy is always an explicit Tensor::clone().
 class Buffer {
  public:
   Buffer() = default;
   Buffer(std::size_t bytes, Device device);
+  /// Memory that dualcast neither allocated nor frees: `release` (may be empty) runs once, when the
+  /// buffer goes (a DLPack deleter, dlpack.hpp), on the thread that drops it. On a CUDA device it
+  /// runs once dualcast's stream has finished with the memory (the stream is synchronised first);
+  /// dropped while a Graph captures on that device, it waits until the graph's memory pool is gone
+  /// (its replays may read the memory). Not counted in memory_stats.
+  static Buffer adopt(void* data, std::size_t bytes, Device device, std::function<void()> release);
   ~Buffer();
   Buffer(Buffer&& other) noexcept;
   Buffer& operator=(Buffer&& other) noexcept;
@@ -53,6 +61,8 @@ class Buffer {
   std::size_t bytes_ = 0;
   std::size_t block_bytes_ = 0;  // size class actually reserved (device blocks)
   Device device_{};
+  bool adopted_ = false;                   // the memory is another owner's (adopt): never freed here
+  std::function<void()> adopted_release_;  // what that owner runs when the buffer goes
 };
 
 /// Copies `bytes` between any two devices (host<->device, device<->device, host<->host). A copy to

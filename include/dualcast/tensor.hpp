@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,6 +47,12 @@ class Tensor {
   /// 1 with probability p, else 0 (float32 by default, so flags mix with float arguments).
   static Tensor bernoulli(const Shape& shape, double p, Device device, std::uint64_t seed,
                           DType dtype = DType::float32);
+  /// A contiguous tensor over memory owned elsewhere: `shape` of `dtype` at `data` on `device`, no
+  /// copy, never freed by dualcast. `release` (may be empty) runs once, when the last handle sharing
+  /// it goes, as Buffer::adopt says (a DLPack deleter: dlpack.hpp checks a DLPack tensor before it
+  /// comes here). `data` must hold the shape's bytes and be aligned to its elements; null only for an
+  /// empty shape. On an error `release` does not run.
+  static Tensor wrap(void* data, const Shape& shape, DType dtype, Device device, std::function<void()> release);
 
   // ---- queries -----------------------------------------------------------------------------
   [[nodiscard]] bool defined() const { return static_cast<bool>(storage_); }
