@@ -67,8 +67,9 @@ inline constexpr int cb_width = (K <= 6 ? 16 : 8) / static_cast<int>(sizeof(T)) 
 template <class T, int NA, class S = T>
 struct ChannelOperands {
   static constexpr int NN = NA > 0 ? NA : 1;
-  const S* in[NN] = {};  ///< data; null for a number
-  T scal[NN] = {};       ///< the number
+  const S* in[NN] = {};    ///< a full-size operand's data (stored as S); null otherwise
+  const T* chan[NN] = {};  ///< a per-channel operand's C values, in the compute type; null otherwise
+  T scal[NN] = {};         ///< the number
   int access[NN] = {};   ///< ChannelAccess
   std::int64_t n = 0, C = 1, inner = 1;
   bool vec = false;  ///< chunks of 16 bytes are aligned and lie in one channel (inner % V == 0)
@@ -80,8 +81,8 @@ struct ChannelOperands {
   DUALCAST_HD DUALCAST_INLINE void load(std::int64_t i, std::int64_t c, T* x) const {
     DUALCAST_UNROLL
     for (int a = 0; a < NA; ++a)
-      x[a] = access[a] == static_cast<int>(ChannelAccess::full)      ? in[a][i]
-             : access[a] == static_cast<int>(ChannelAccess::channel) ? in[a][c]
+      x[a] = access[a] == static_cast<int>(ChannelAccess::full)      ? static_cast<T>(in[a][i])
+             : access[a] == static_cast<int>(ChannelAccess::channel) ? chan[a][c]
                                                                      : scal[a];
   }
   /// Arguments of the V elements base..base+V-1 of channel c (vec only).
@@ -94,7 +95,7 @@ struct ChannelOperands {
         DUALCAST_UNROLL
         for (int e = 0; e < V; ++e) x[e][a] = p.v[e];
       } else {
-        const T v = access[a] == static_cast<int>(ChannelAccess::channel) ? in[a][c] : scal[a];
+        const T v = access[a] == static_cast<int>(ChannelAccess::channel) ? chan[a][c] : scal[a];
         DUALCAST_UNROLL
         for (int e = 0; e < V; ++e) x[e][a] = v;
       }

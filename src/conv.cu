@@ -483,11 +483,13 @@ Shape conv2d_output_shape(const Shape& x, const Shape& w, const Conv2dOptions& o
 }
 
 Tensor conv2d(const Tensor& x, const Tensor& w, const Conv2dOptions& options) {
-  const detail::ConvGeometry g = conv_detail::check_conv(x, w, options);
-  if (autocast_enabled()) {
+  // Under Autocast the operands are cast first, so a 16-bit activation meets a float32 weight (the
+  // cast operands are 16-bit, which autocast_target leaves alone: one level of recursion).
+  if (autocast_enabled() && x.defined() && w.defined()) {
     const DType dx = detail::autocast_target(x.dtype()), dw = detail::autocast_target(w.dtype());
     if (dx != x.dtype() || dw != w.dtype()) return conv2d(x.to(dx), w.to(dw), options);
   }
+  const detail::ConvGeometry g = conv_detail::check_conv(x, w, options);
   if (conv_detail::nhwc_via_permutes(g, x))
     return permute(conv2d(permute(x, conv_detail::kToNchw), permute(w, conv_detail::kToNchw),
                           conv_detail::as_nchw(options)),
@@ -505,12 +507,13 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Conv2dOptions& options) {
 Var conv2d(const Var& x, const Var& w, const Conv2dOptions& options) {
   DUALCAST_CHECK(x.defined() && w.defined(), "conv2d: argument '", x.defined() ? "w" : "x",
                  "' is an undefined Var");
-  const detail::ConvGeometry g = conv_detail::check_conv(x.value(), w.value(), options);
   if (autocast_enabled()) {
-    // The cast operands are 16-bit, which autocast_target leaves alone: one level of recursion.
+    // Cast first (a 16-bit activation may meet a float32 weight); the cast operands are 16-bit,
+    // which autocast_target leaves alone: one level of recursion.
     const DType dx = detail::autocast_target(x.dtype()), dw = detail::autocast_target(w.dtype());
     if (dx != x.dtype() || dw != w.dtype()) return conv2d(cast(x, dx), cast(w, dw), options);
   }
+  const detail::ConvGeometry g = conv_detail::check_conv(x.value(), w.value(), options);
   if (conv_detail::nhwc_via_permutes(g, x.value()))
     return permute(conv2d(permute(x, conv_detail::kToNchw), permute(w, conv_detail::kToNchw),
                           conv_detail::as_nchw(options)),

@@ -7,8 +7,9 @@
 // cancel for data far from zero) into double partials [2, C, S], which the finishing kernel adds in a
 // fixed order. CPU threads run the tasks; on the GPU a block runs each.
 //
-// A 16-bit x is normalised on a float32 copy, with float32 statistics, parameters and running
-// statistics (half_front below), and the result rounded back to x's dtype.
+// A 16-bit x: batch_norm_stats reads it as it is (summing in double, as for every dtype) and gives
+// float32 statistics and running statistics; batch_norm normalises a float32 copy and rounds the result
+// back to x's dtype (a channel_broadcast with ChannelOptions::keep_activation_dtype avoids the copy).
 #include "dualcast/ops/norm.hpp"
 
 #include <cmath>
@@ -149,10 +150,11 @@ __global__ void __launch_bounds__(32 * detail::kColumnRows) stats_columns_kernel
 }
 #endif
 
-/// mean, rstd from the partials; the running statistics updated in place (when given).
-template <class T>
+/// mean, rstd from the partials; the running statistics updated in place (when given). x is stored
+/// as X, the statistics as T (float32 for a 16-bit x).
+template <class X, class T>
 struct StatsFinish {
-  const T* x;
+  const X* x;
   const double* partial;
   T* mean;
   T* rstd;
@@ -193,15 +195,16 @@ struct RstdOf {
 };
 
 /// gx[i] (+)= a_c + b_c * x[i] with a_c = dmean/M + drstd * rstd^3 * mean / M and
-/// b_c = -drstd * rstd^3 / M: the gradient through the batch's mean and rstd.
-template <class T>
+/// b_c = -drstd * rstd^3 / M: the gradient through the batch's mean and rstd. x and gx are stored as
+/// S, the statistics and their adjoints as T = compute_t<S>, in which the arithmetic runs.
+template <class S, class T = compute_t<S>>
 struct StatsBackward {
-  const T* x;
+  const S* x;
   const T* dmean;  ///< null: no adjoint
   const T* drstd;
   const T* mean;
   const T* rstd;
-  T* gx;
+  S* gx;
   bool accumulate;
   std::int64_t n, C, inner, M;
   bool vec;
@@ -222,12 +225,13 @@ struct StatsBackward {
       const std::int64_t c = q - cb_div(q, C) * C;
       T a, b;
       coefficients(c, a, b);
-      const CbPacket<T, V> px = *reinterpret_cast<const CbPacket<T, V>*>(x + base);
-      CbPacket<T, V> pg;
-      if (accumulate) pg = *reinterpret_cast<const CbPacket<T, V>*>(gx + base);
+      const CbPacket<S, V> px = *reinterpret_cast<const CbPacket<S, V>*>(x + base);
+      CbPacket<S, V> pg;
+      if (accumulate) pg = *reinterpret_cast<const CbPacket<S, V>*>(gx + base);
       DUALCAST_UNROLL
-      for (int e = 0; e < V; ++e) pg.v[e] = (accumulate ? pg.v[e] : T(0)) + a + b * px.v[e];
-      *reinterpret_cast<CbPacket<T, V>*>(gx + base) = pg;
+      for (int e = 0; e < V; ++e)
+        pg.v[e] = static_cast<S>((accumulate ? static_cast<T>(pg.v[e]) : T(0)) + a + b * static_cast<T>(px.v[e]));
+      *reinterpret_cast<CbPacket<S, V>*>(gx + base) = pg;
       return;
     }
     for (int e = 0; e < V; ++e) {
@@ -237,7 +241,7 @@ struct StatsBackward {
       const std::int64_t c = q - cb_div(q, C) * C;
       T a, b;
       coefficients(c, a, b);
-      gx[i] = (accumulate ? gx[i] : T(0)) + a + b * x[i];
+      gx[i] = static_cast<S>((accumulate ? static_cast<T>(gx[i]) : T(0)) + a + b * static_cast<T>(x[i]));
     }
   }
 };
@@ -253,7 +257,7 @@ Geometry check_stats_args(const Tensor& x, const Tensor& rm, const Tensor& rv, b
   const char* op = "batch_norm";
   check_defined(x, op, "x");
   DUALCAST_CHECK(is_floating(x.dtype()), op, ": x has unsupported dtype ", dtype_name(x.dtype()),
-                 " (shape ", x.shape().str(), "; expected float32 or float64)");
+                 " (shape ", x.shape().str(), "; expected float32, float64, bfloat16 or float16)");
   DUALCAST_CHECK(x.rank() >= 2, op, ": x has shape ", x.shape().str(),
                  "; expected [N, C] or [N, C, H, W] (rank >= 2)");
   Geometry g{x.shape()[0], x.shape()[1], 1, 0};
@@ -269,7 +273,10 @@ Geometry check_stats_args(const Tensor& x, const Tensor& rm, const Tensor& rv, b
     DUALCAST_CHECK(t.rank() == 1 && t.shape()[0] == g.C, op, ": '", name, "' has shape ",
                    t.shape().str(), " but x ", x.shape().str(), " has ", g.C,
                    " channels (expected [", g.C, "])");
-    check_same_device_dtype(op, "x", x, name, t);
+    // A 16-bit x keeps float32 running statistics (check_half_running_stats said so already).
+    if (!is_half(x.dtype())) check_same_device_dtype(op, "x", x, name, t);
+    DUALCAST_CHECK(t.device() == x.device(), op, ": '", name, "' is on ", t.device().str(), " but x ",
+                   x.shape().str(), " is on ", x.device().str());
   };
   check_stat(rm, "running_mean");
   check_stat(rv, "running_var");
@@ -301,21 +308,22 @@ class StatsNode final : public Node {
     Tensor gx = in_place ? in.grad : Tensor::empty(x_.shape(), x_.dtype(), x_.device());
     const Tensor dmc = dm.defined() ? detail::contiguous_copy(dm) : Tensor();
     const Tensor drc = dr.defined() ? detail::contiguous_copy(dr) : Tensor();
-    dispatch_floating(x_.dtype(), "batch_norm backward", [&](auto tag) {
-      using T = decltype(tag);
-      StatsBackward<T> body{x_.data<T>(),
+    dispatch_floating_storage(x_.dtype(), "batch_norm backward", [&](auto tag) {
+      using St = decltype(tag);  // x's storage type
+      using T = compute_t<St>;
+      StatsBackward<St> body{x_.data<St>(),
                             dmc.defined() ? dmc.template data<T>() : nullptr,
                             drc.defined() ? drc.template data<T>() : nullptr,
                             mean_.data<T>(),
                             rstd_.data<T>(),
-                            gx.data<T>(),
+                            gx.data<St>(),
                             in_place,
                             x_.numel(),
                             g_.C,
                             g_.inner,
                             g_.M,
                             false};
-      constexpr int V = StatsBackward<T>::V;
+      constexpr int V = StatsBackward<St>::V;
       body.vec = g_.inner % V == 0 && aligned(body.x) && aligned(body.gx);
       parallel_for(x_.device(), (x_.numel() + V - 1) / V, body, kCpuGrain / V);
     });
@@ -351,14 +359,12 @@ BatchNormStats batch_norm_stats(const Var& x, const Tensor& running_mean, const 
                                 bool training, double momentum, double eps) {
   using namespace norm_detail;
   DUALCAST_CHECK(x.defined(), "batch_norm: argument 'x' is an undefined Var");
-  if (is_half(x.dtype())) {
-    check_half_running_stats(x, running_mean, running_var);
-    return batch_norm_stats(cast(x, DType::float32), running_mean, running_var, training, momentum,
-                            eps);
-  }
+  // A 16-bit x is read as it is, summed in double like any other, and gives float32 statistics
+  // (its running statistics are float32 too): no float32 copy of x is written.
+  if (is_half(x.dtype())) check_half_running_stats(x, running_mean, running_var);
   const Geometry g = check_stats_args(x.value(), running_mean, running_var, training, momentum, eps);
   const Device dev = x.device();
-  const DType dt = x.dtype();
+  const DType dt = is_half(x.dtype()) ? DType::float32 : x.dtype();  // the statistics' dtype
   if (!training) {
     Tensor rstd = Tensor::empty(Shape{g.C}, dt, dev);
     dispatch_floating(dt, "batch_norm", [&](auto tag) {
@@ -372,33 +378,34 @@ BatchNormStats batch_norm_stats(const Var& x, const Tensor& running_mean, const 
   Tensor rstd = Tensor::empty(Shape{g.C}, dt, dev);
   const std::int64_t S = detail::channel_slices(dev, g.C, g.M, g.inner);
   Tensor partial = Tensor::empty(Shape{2 * g.C * S}, DType::float64, dev);
-  dispatch_floating(dt, "batch_norm", [&](auto tag) {
-    using T = decltype(tag);
-    StatsBody<T> body;
-    body.x = xv.data<T>();
+  dispatch_floating_storage(x.dtype(), "batch_norm", [&](auto tag) {
+    using St = decltype(tag);  // x's storage type
+    using T = compute_t<St>;
+    StatsBody<St> body;
+    body.x = xv.data<St>();
     body.partial = partial.data<double>();
     body.C = g.C;
     body.inner = g.inner;
     body.M = g.M;
     body.S = S;
-    body.vec = g.inner % cb_width<T> == 0 && aligned(body.x);
+    body.vec = g.inner % cb_width<St> == 0 && aligned(body.x);
     if (dev.is_cpu()) {
-      detail::cpu_parallel_range(g.C * S, 1, &stats_tasks<T>, &body);
+      detail::cpu_parallel_range(g.C * S, 1, &stats_tasks<St>, &body);
     } else {
 #if defined(__CUDACC__)
       detail::DeviceGuard guard(dev);
       if (detail::channel_columns(g.C, g.inner)) {
         const dim3 grid(static_cast<unsigned>((g.C + 31) / 32), static_cast<unsigned>(S));
-        stats_columns_kernel<T><<<grid, dim3(32, detail::kColumnRows), 0, detail::stream(dev)>>>(body);
+        stats_columns_kernel<St><<<grid, dim3(32, detail::kColumnRows), 0, detail::stream(dev)>>>(body);
       } else {
-        stats_kernel<T><<<static_cast<unsigned>(g.C * S), kStatsBlock, 0, detail::stream(dev)>>>(body);
+        stats_kernel<St><<<static_cast<unsigned>(g.C * S), kStatsBlock, 0, detail::stream(dev)>>>(body);
       }
       DUALCAST_CUDA_CHECK_LAUNCH();
 #else
       DUALCAST_FAIL("batch_norm on ", dev.str(), ": dualcast was built without its CUDA backend");
 #endif
     }
-    StatsFinish<T> fin{body.x,
+    StatsFinish<St, T> fin{body.x,
                        body.partial,
                        mean.data<T>(),
                        rstd.data<T>(),

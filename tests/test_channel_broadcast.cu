@@ -4,7 +4,9 @@
 // of ops/norm.hpp, vectorised (H*W a multiple of 4) and not, 2-D [N, C] and 4-D, float32 and
 // float64; gradients against finite differences with full-size and per-channel Vars, constant
 // Tensors and numbers; a Var passed twice; a gradient added in place to an existing one; the
-// per-channel sums identical from run to run; GPU equal to CPU; bad arguments named in clear errors.
+// per-channel sums identical from run to run; GPU equal to CPU; 16-bit activations with float32
+// parameters (ChannelOptions::keep_activation_dtype) equal to the float32 call rounded once; bad
+// arguments named in clear errors.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -182,6 +184,59 @@ TEST_P(ChannelBroadcast, GpuEqualsCpu) {
   for (std::size_t k = 0; k < cpu.grads.size(); ++k)
     expect_close(gpu.grads[k].to(Device::cpu()), cpu.grads[k], kSameResultTolFloat,
                  "gradient " + std::to_string(k));
+}
+
+TEST_P(ChannelBroadcast, KeepingTheActivationDtypeGivesTheFloat32CallRoundedOnce) {
+  // ChannelOptions::keep_activation_dtype: 16-bit activations (x and a residual) with float32
+  // statistics and parameters give a 16-bit result, the float32 call's rounded once; x's and the
+  // residual's gradients are 16-bit, the float32 call's rounded once; the parameters' are float32
+  // and the float32 call's. NCHW with an odd and an aligned inner size, and [M, C] rows (channels
+  // last; a GPU reduces them in columns).
+  const Device dev = GetParam();
+  const ChannelOptions keep{.keep_activation_dtype = true};
+  std::uint64_t seed = 70;
+  for (const DType half : {DType::bfloat16, DType::float16}) {
+    // One rounding step where the two devices' float32 results differ in the last bit (a GPU
+    // contracts multiply-adds); none on the CPU, whose two instantiations compute alike.
+    const double tol = dev.is_cpu() ? 0.0 : (half == DType::bfloat16 ? 8e-3 : 1e-3);
+    for (const Shape& s : {Shape{3, 5, 7, 3}, Shape{2, 8, 4, 4}, Shape{37, 40}}) {
+      const std::int64_t C = s[1];
+      const Tensor x16 = Tensor::randn(s, dev, ++seed).to(half), r16 = Tensor::randn(s, dev, ++seed).to(half);
+      const Tensor adj16 = Tensor::randn(s, dev, ++seed).to(half);
+      const std::vector<Tensor> pc{Tensor::randn({C}, dev, ++seed) * 0.1, Tensor::uniform({C}, dev, ++seed, 0.5, 2.0),
+                                   Tensor::uniform({C}, dev, ++seed, 0.5, 2.0), Tensor::randn({C}, dev, ++seed)};
+      auto run = [&](bool sixteen) {
+        Var x = Var::param(sixteen ? x16 : x16.to(DType::float32));
+        Var r = Var::param(sixteen ? r16 : r16.to(DType::float32));
+        std::vector<Var> p;
+        for (const Tensor& t : pc) p.push_back(Var::param(t.clone()));
+        const Var y = sixteen ? channel_broadcast(keep, BatchNormAddRelu{}, x, p[0], p[1], p[2], p[3], r)
+                              : channel_broadcast(BatchNormAddRelu{}, x, p[0], p[1], p[2], p[3], r);
+        y.backward(sixteen ? adj16 : adj16.to(DType::float32));
+        std::vector<Tensor> out{y.value(), x.grad(), r.grad()};
+        for (const Var& v : p) out.push_back(v.grad());
+        return out;
+      };
+      const auto got = run(true), want = run(false);
+      const std::string what = std::string(dtype_name(half)) + " " + s.str();
+      const char* names[] = {"y", "dx", "dresidual", "dmean", "drstd", "dgamma", "dbeta"};
+      for (std::size_t k = 0; k < got.size(); ++k) {
+        const bool full = k < 3;
+        ASSERT_EQ(got[k].dtype(), full ? half : DType::float32) << what << " " << names[k];
+        if (full)
+          expect_close(got[k].to(DType::float32), want[k].to(half).to(DType::float32), tol, what + " " + names[k]);
+        else
+          expect_close(got[k], want[k], dev.is_cpu() ? 1e-6 : kSameResultTolFloat, what + " " + names[k]);
+      }
+    }
+  }
+  // The default still promotes, and keep takes no float64 parameter for a 16-bit activation.
+  const Var x = Var::param(Tensor::randn({2, 3, 4, 4}, dev, 1).to(DType::bfloat16));
+  const Var c = Var::param(Tensor::ones({3}, DType::float32, dev));
+  EXPECT_EQ(channel_broadcast(BatchNormRelu{}, x, c, c, c, c).dtype(), DType::float32);
+  EXPECT_EQ(channel_broadcast(keep, BatchNormRelu{}, x, c, c, c, c).dtype(), DType::bfloat16);
+  expect_error([&] { (void)channel_broadcast(keep, BatchNormRelu{}, x, c, c, c, Tensor::ones({3}, DType::float64, dev)); },
+               {"channel_broadcast", "different dtypes", "float64", "may also be float32"}, "float64 parameter");
 }
 
 TEST_P(ChannelBroadcast, BadArgumentsAreClearErrors) {

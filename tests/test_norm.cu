@@ -3,7 +3,7 @@
 // variance) and used in evaluation; data far from zero (the shifted one-pass variance); gradients
 // against finite differences in float64, in training and in evaluation, and through the fused
 // residual functors; GPU equal to CPU; channels-last rows ([N*H*W, C]) equal to the permuted batch;
-// bad input named in clear errors.
+// 16-bit x read as it is; bad input named in clear errors.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,6 +14,7 @@
 #include "dualcast/gradcheck.hpp"
 #include "dualcast/ops/elementwise.hpp"
 #include "dualcast/ops/norm.hpp"
+#include "dualcast/ops/reduce.hpp"
 #include "dualcast/ops/shape.hpp"
 #include "nn_reference.hpp"
 #include "test_util.hpp"
@@ -197,6 +198,38 @@ TEST_P(BatchNorm, ChannelsLastRowsEqualThePermutedBatch) {
     const char* names[] = {"y", "dx", "dgamma", "dbeta", "running_mean", "running_var"};
     for (std::size_t k = 0; k < want.size(); ++k)
       expect_close(got[k], want[k], kSameResultTolFloat, std::string(names[k]) + " " + nhwc.str());
+  }
+}
+
+TEST_P(BatchNorm, SixteenBitStatisticsAreTheFloat32StatisticsOfTheSameValues) {
+  // batch_norm_stats reads a 16-bit x as it is: float32 mean, rstd and running statistics equal to
+  // those of x converted to float32 (the sums are double either way), and x's gradient through them
+  // in x's dtype, the float32 one rounded once. NCHW and [M, C] rows.
+  const Device dev = GetParam();
+  std::uint64_t seed = 600;
+  for (const DType half : {DType::bfloat16, DType::float16}) {
+    for (const Shape& s : {Shape{4, 6, 5, 3}, Shape{2, 8, 4, 4}, Shape{301, 40}}) {
+      const std::int64_t C = s[1];
+      const Tensor x16 = (Tensor::randn(s, dev, ++seed) + 2.0).to(half);
+      const Tensor dm = Tensor::randn({C}, dev, ++seed), dr = Tensor::randn({C}, dev, ++seed);
+      auto run = [&](bool sixteen) {
+        Var x = Var::param(sixteen ? x16 : x16.to(DType::float32));
+        Tensor rm = Tensor::zeros({C}, DType::float32, dev), rv = Tensor::ones({C}, DType::float32, dev);
+        const BatchNormStats st = batch_norm_stats(x, rm, rv, true);
+        (sum(st.mean * Var(dm)) + sum(st.rstd * Var(dr))).backward();
+        return std::vector<Tensor>{st.mean.value(), st.rstd.value(), rm, rv, x.grad()};
+      };
+      const auto got = run(true), want = run(false);
+      const std::string what = std::string(dtype_name(half)) + " " + s.str();
+      const char* names[] = {"mean", "rstd", "running_mean", "running_var", "dx"};
+      for (std::size_t k = 0; k < 4; ++k) {
+        ASSERT_EQ(got[k].dtype(), DType::float32) << what << " " << names[k];
+        expect_close(got[k], want[k], 1e-6, what + " " + names[k]);
+      }
+      ASSERT_EQ(got[4].dtype(), half) << what;
+      expect_close(got[4].to(DType::float32), want[4].to(half).to(DType::float32),
+                   dev.is_cpu() ? 0.0 : (half == DType::bfloat16 ? 8e-3 : 1e-3), what + " dx");
+    }
   }
 }
 

@@ -38,12 +38,13 @@ BatchNormLayer make_bn(std::int64_t c, Device device) {
           Tensor::zeros(Shape{c}, DType::float32, device), Tensor::ones(Shape{c}, DType::float32, device)};
 }
 
-// Under Autocast a convolution returns a 16-bit result, and batch norm statistics are float32
-// work (summing a channel in 16 bits loses it). So the result is converted to float32 once
-// (as32), and both the statistics and the fused apply read that copy: the apply would otherwise
-// convert the 16-bit result a second time (channel_broadcast promotes it to its float32 operands'
-// dtype). cast() returns a float32 input itself, so the float32 path is unchanged. The conversion
-// is the price of this model under Autocast today (experiments/resnet/README.md).
+// Under Autocast a convolution returns a 16-bit result, and the activations stay 16-bit from one
+// convolution to the next, as under PyTorch's autocast: batch_norm_stats reads the 16-bit result and
+// gives float32 statistics (summing a channel in 16 bits would lose it), and the fused apply reads the
+// 16-bit activations with the float32 statistics and parameters and writes a 16-bit result
+// (kKeep: ChannelOptions::keep_activation_dtype; by default float32 operands would promote it). No
+// float32 copy of an activation is written. In float32 the same calls are the plain float32 ones.
+constexpr dualcast::ChannelOptions kKeep{.keep_activation_dtype = true};
 Var as32(const Var& x) { return dualcast::cast(x, DType::float32); }
 
 // Channels last (Config::channels_last): an activation is [N, H, W, C]; batch norm and the fused
@@ -64,14 +65,15 @@ Var conv(const Var& x, const ConvLayer& layer, const Config& c) {
   return dualcast::conv2d(x, dualcast::permute(layer.w, {0, 2, 3, 1}), o);
 }
 
-BatchNormStats stats(const Var& x32, const BatchNormLayer& bn, bool training, const Config& c) {
-  return dualcast::batch_norm_stats(channels(x32, c), bn.running_mean, bn.running_var, training, c.bn_momentum,
+BatchNormStats stats(const Var& y, const BatchNormLayer& bn, bool training, const Config& c) {
+  return dualcast::batch_norm_stats(channels(y, c), bn.running_mean, bn.running_var, training, c.bn_momentum,
                                     c.bn_eps);
 }
 
+/// batch_norm as one op (PyTorch eager's form; a 16-bit x gives a 16-bit result, as under autocast).
 Var bn_composed(const Var& x, const BatchNormLayer& bn, bool training, const Config& c) {
-  return like(dualcast::batch_norm(channels(as32(x), c), bn.gamma, bn.beta, bn.running_mean, bn.running_var,
-                                   training, c.bn_momentum, c.bn_eps),
+  return like(dualcast::batch_norm(channels(x, c), bn.gamma, bn.beta, bn.running_mean, bn.running_var, training,
+                                   c.bn_momentum, c.bn_eps),
               x);
 }
 
@@ -80,10 +82,9 @@ Var conv_bn_relu(const Var& x, const ConvLayer& layer, const BatchNormLayer& bn,
                  Fusion fusion, const Config& c) {
   const Var y = conv(x, layer, c);
   if (fusion == Fusion::composed) return dualcast::relu(bn_composed(y, bn, training, c));
-  const Var y32 = as32(y);
-  const BatchNormStats s = stats(y32, bn, training, c);
-  return like(dualcast::channel_broadcast(dualcast::BatchNormRelu{}, channels(y32, c), s.mean, s.rstd, bn.gamma,
-                                          bn.beta),
+  const BatchNormStats s = stats(y, bn, training, c);
+  return like(dualcast::channel_broadcast(kKeep, dualcast::BatchNormRelu{}, channels(y, c), s.mean, s.rstd,
+                                          bn.gamma, bn.beta),
               y);
 }
 
@@ -96,16 +97,15 @@ Var block_forward(const Var& x, const BasicBlock& b, bool training, Fusion fusio
         b.projection ? bn_composed(conv(x, b.shortcut, c), b.shortcut_bn, training, c) : x;
     return dualcast::relu(main + shortcut);
   }
-  const Var y32 = as32(y);
-  const BatchNormStats s = stats(y32, b.bn2, training, c);
+  const BatchNormStats s = stats(y, b.bn2, training, c);
   if (!b.projection)
-    return like(dualcast::channel_broadcast(dualcast::BatchNormAddRelu{}, channels(y32, c), s.mean, s.rstd,
+    return like(dualcast::channel_broadcast(kKeep, dualcast::BatchNormAddRelu{}, channels(y, c), s.mean, s.rstd,
                                             b.bn2.gamma, b.bn2.beta, channels(x, c)),
                 y);
-  const Var p32 = as32(conv(x, b.shortcut, c));
-  const BatchNormStats ps = stats(p32, b.shortcut_bn, training, c);
-  return like(dualcast::channel_broadcast(dualcast::BatchNorm2AddRelu{}, channels(y32, c), s.mean, s.rstd,
-                                          b.bn2.gamma, b.bn2.beta, channels(p32, c), ps.mean, ps.rstd,
+  const Var p = conv(x, b.shortcut, c);
+  const BatchNormStats ps = stats(p, b.shortcut_bn, training, c);
+  return like(dualcast::channel_broadcast(kKeep, dualcast::BatchNorm2AddRelu{}, channels(y, c), s.mean, s.rstd,
+                                          b.bn2.gamma, b.bn2.beta, channels(p, c), ps.mean, ps.rstd,
                                           b.shortcut_bn.gamma, b.shortcut_bn.beta),
               y);
 }
@@ -200,8 +200,9 @@ Var Model::forward(const Var& x, bool training, Fusion fusion) const {
                      : dualcast::permute(x, {0, 2, 3, 1});
   Var h = conv_bn_relu(in, stem_, stem_bn_, training, fusion, config_);
   for (const BasicBlock& b : blocks_) h = block_forward(h, b, training, fusion, config_);
-  const Var pooled = config_.channels_last ? dualcast::mean(h, {1, 2})  // [N, 8w]
-                                           : dualcast::flatten(dualcast::adaptive_avg_pool2d(h, {1, 1}));
+  // Pooling sums in float32 (the last activation is 16-bit under Autocast).
+  const Var pooled = config_.channels_last ? dualcast::mean(as32(h), {1, 2})  // [N, 8w]
+                                           : dualcast::flatten(dualcast::adaptive_avg_pool2d(as32(h), {1, 1}));
   return dualcast::matmul(pooled, fc_w_, false, true) + fc_b_;
 }
 

@@ -70,9 +70,10 @@ class Model {
 
   /// Logits [N, classes] of images [N, in_channels, H, W]. `training` uses batch statistics (and
   /// updates the running ones); evaluation uses the running statistics. Under dualcast::Autocast the
-  /// convolutions and the head's matmul run in the 16-bit dtype and everything else in float32 (batch
-  /// norm statistics on float32 copies); the logits come back float32 (the head's float32 bias
-  /// promotes them).
+  /// convolutions and the head's matmul run in the 16-bit dtype and the activations between them stay
+  /// 16-bit, as under PyTorch's autocast: batch norm statistics are float32 (summed in double from
+  /// the 16-bit values), the fused applies compute in float32 and round once; pooling and the loss
+  /// run in float32; the logits come back float32 (the head's float32 bias promotes them).
   [[nodiscard]] Var forward(const Var& x, bool training, Fusion fusion = Fusion::fused) const;
 
   /// Every parameter, in a fixed order.

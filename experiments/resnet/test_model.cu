@@ -1,6 +1,7 @@
 // test_model.cu: the whole ResNet-18 model of model.hpp. Fused equals composed (the same network
 // built from channel_broadcast functors and from separate batch_norm / relu / add ops: logits, every
-// gradient, running statistics); channels last equals channels first; GPU equal to CPU on the same weights and batch; a warm training step
+// gradient, running statistics) in float32, and as accurate as composed against the float32 step
+// under bf16 Autocast; channels last equals channels first; GPU equal to CPU on the same weights and batch; a warm training step
 // allocates no new device memory; evaluation uses the running statistics; the augmented gather is the
 // same on every device, and is a shift and mirror of its image.
 #include <gtest/gtest.h>
@@ -25,12 +26,21 @@ namespace {
 /// Float32 drift allowed between two orders of the same whole-network computation (20 batch norms
 /// deep, gradients summed over the batch): measured differences are ~1e-5.
 constexpr double kNetworkTol = 1e-3;
-/// The same under bf16 Autocast. On the CPU the two orders agree to 1e-9 (measured); on a GPU the
-/// per-channel sums run in another order, and a float32 difference that rounds to a neighbouring
-/// bf16 value is 2^-8 relative, carried through 20 layers. Measured on an H200 (h200-2026-11-29h):
-/// 2.46e-2 of the tensor's rms at worst (a weight gradient element four bf16 steps apart), which
-/// 2e-2 refused; a wrong statistic or apply is off by the order of the rms itself.
+/// Two bf16 steps that round at the same places but sum in other orders (a GPU's, or another
+/// layout's): a float32 difference that rounds to a neighbouring bf16 value is 2^-8 relative,
+/// carried through 20 layers. Measured on an H200 (h200-2026-11-29h, fused against composed when
+/// both rounded only at the convolutions): 2.46e-2 of a tensor's rms at worst; a wrong statistic
+/// or apply is off by the order of the rms itself.
 constexpr double kNetworkBf16Tol = 5e-2;
+/// A bf16 step's gradients against the float32 step's at width 4, batch 6 (mean relative L2 error
+/// over the parameters; four channels and six images make bf16's rounding large): measured on the
+/// CPU 0.26 with the fused applies, 0.27 composed, 0.27 with float32 activations. A dropped or
+/// wrong gradient term gives about 1.
+constexpr double kBf16StepGradientError = 0.5;
+/// A bf16 step may not be further from the float32 one than its counterpart by more than this factor
+/// (fused against composed, which round at different places: 0.95 measured on the CPU; channels
+/// last against first).
+constexpr double kBf16FusedOverComposed = 1.25;
 
 class ResNet : public ::testing::TestWithParam<Device> {
  protected:
@@ -83,13 +93,35 @@ TEST_P(ResNet, FusedEqualsComposed) {
               "fused vs composed");
 }
 
-TEST_P(ResNet, FusedEqualsComposedUnderBf16Autocast) {
-  // The same step with 16-bit convolutions: the fused model converts each convolution's result to
-  // float32 once for its statistics and its fused apply; the composed one for batch_norm. The two
-  // differ only in where 16-bit gradients are rounded.
+/// Mean over the parameters of ||g - g_ref|| / ||g_ref||: how far a step's gradients are from a
+/// reference step's.
+double mean_relative_gradient_error(const Result& r, const Result& ref) {
+  double total = 0;
+  for (std::size_t k = 0; k < r.grads.size(); ++k) {
+    const auto a = r.grads[k].to_vector<double>(), b = ref.grads[k].to_vector<double>();
+    double d = 0, n = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      d += (a[i] - b[i]) * (a[i] - b[i]);
+      n += b[i] * b[i];
+    }
+    total += std::sqrt(d / std::max(n, 1e-300));
+  }
+  return total / static_cast<double>(r.grads.size());
+}
+
+TEST_P(ResNet, FusedIsAsAccurateAsComposedUnderBf16Autocast) {
+  // Under bf16 Autocast the activations stay 16-bit between convolutions. The fused applies compute
+  // in float32 and round once; the composed ops (batch_norm, the add, relu) round after each, so
+  // the two steps are not equal to float tolerance. Both are judged against the float32 step.
   const Device dev = GetParam();
-  expect_same(step(dev, 4, 6, resnet::Fusion::fused, 3, true), step(dev, 4, 6, resnet::Fusion::composed, 3, true),
-              kNetworkBf16Tol, "fused vs composed under bf16 Autocast");
+  const Result ref = step(dev, 4, 6, resnet::Fusion::fused, 3);
+  const Result fused = step(dev, 4, 6, resnet::Fusion::fused, 3, true);
+  const Result composed = step(dev, 4, 6, resnet::Fusion::composed, 3, true);
+  const double ef = mean_relative_gradient_error(fused, ref), ec = mean_relative_gradient_error(composed, ref);
+  EXPECT_LE(ef, kBf16FusedOverComposed * ec) << "fused " << ef << ", composed " << ec;
+  EXPECT_LE(ec, kBf16StepGradientError) << "composed " << ec;
+  dualcast::testing::expect_close_to_scale(fused.logits.to_vector<double>(), ref.logits.to_vector<double>(),
+                                           kNetworkBf16Tol, "bf16 fused logits");
 }
 
 TEST_P(ResNet, ChannelsLastEqualsChannelsFirst) {
@@ -102,10 +134,19 @@ TEST_P(ResNet, ChannelsLastEqualsChannelsFirst) {
                 fusion == resnet::Fusion::fused ? "channels last vs first (fused)" : "channels last vs first (composed)");
 }
 
-TEST_P(ResNet, ChannelsLastEqualsChannelsFirstUnderBf16Autocast) {
+TEST_P(ResNet, ChannelsLastIsAsAccurateAsChannelsFirstUnderBf16Autocast) {
+  // Two bf16 steps whose float32 sums run in other orders (pooling, and on a GPU the convolutions)
+  // part where a value rounds to the other neighbouring bf16 number, so they are judged as the fused
+  // and composed steps are: against the float32 step.
   const Device dev = GetParam();
-  expect_same(step(dev, 4, 6, resnet::Fusion::fused, 3, true, true), step(dev, 4, 6, resnet::Fusion::fused, 3, true),
-              kNetworkBf16Tol, "channels last vs first under bf16 Autocast");
+  const Result ref = step(dev, 4, 6, resnet::Fusion::fused, 3);
+  const Result first = step(dev, 4, 6, resnet::Fusion::fused, 3, true);
+  const Result last = step(dev, 4, 6, resnet::Fusion::fused, 3, true, true);
+  const double e_first = mean_relative_gradient_error(first, ref), e_last = mean_relative_gradient_error(last, ref);
+  EXPECT_LE(e_last, kBf16FusedOverComposed * e_first) << "channels last " << e_last << ", first " << e_first;
+  EXPECT_LE(e_last, kBf16StepGradientError) << "channels last " << e_last;
+  dualcast::testing::expect_close_to_scale(last.logits.to_vector<double>(), first.logits.to_vector<double>(),
+                                           kNetworkBf16Tol, "bf16 logits, channels last vs first");
 }
 
 TEST_P(ResNet, GpuEqualsCpu) {

@@ -61,7 +61,10 @@ ChannelArg describe_channel_arg(const A& a) {
 
 /// Checks of a call: one device, one floating dtype (uint8 masks are converted), the output shape
 /// [N, C, *] (the largest tensor argument, rank >= 2), each tensor full-size or per-channel. Tensors
-/// are made contiguous.
+/// are made contiguous; full-size ones are stored in the call's dtype, per-channel ones in its compute
+/// type (float32 for a 16-bit call: their C values cost nothing to convert, and a 16-bit statistic
+/// would lose what the float32 one holds). With keep_activation_dtype (ChannelOptions) only the
+/// full-size arguments decide the dtype.
 struct ChannelPlan {
   Shape out_shape;
   DType dtype = DType::float32;
@@ -69,7 +72,7 @@ struct ChannelPlan {
   std::int64_t N = 0, C = 0, inner = 1;
   std::vector<ChannelArg> args;
 };
-ChannelPlan plan_channel_broadcast(std::vector<ChannelArg> args);
+ChannelPlan plan_channel_broadcast(std::vector<ChannelArg> args, bool keep_activation_dtype = false);
 /// Slices per channel of the backward pass: enough tasks to fill the device, none shorter than a few
 /// thousand elements (on a GPU in columns, channel_columns: enough blocks of 32 channels, none
 /// shorter than 64 rows).
@@ -87,7 +90,9 @@ ChannelOperands<compute_t<S>, NA, S> make_channel_operands(const ChannelPlan& pl
   for (int a = 0; a < NA; ++a) {
     const ChannelArg& info = plan.args[static_cast<std::size_t>(a)];
     ops.access[a] = info.access;
-    ops.in[a] = info.tensor.defined() ? info.tensor.template data<S>() : nullptr;
+    // The plan stores full-size tensors as S and per-channel ones in the compute type T.
+    if (info.access == static_cast<int>(ChannelAccess::full)) ops.in[a] = info.tensor.template data<S>();
+    if (info.access == static_cast<int>(ChannelAccess::channel)) ops.chan[a] = info.tensor.template data<T>();
     ops.scal[a] = static_cast<T>(info.number);
     if (info.access == static_cast<int>(ChannelAccess::full) &&
         reinterpret_cast<std::uintptr_t>(ops.in[a]) % 16 != 0)
@@ -161,16 +166,18 @@ class ChannelBroadcastNode final : public Node {
     launch_channel_backward<Acc, K>(dev, body);
 
     if (reduced > 0) {
+      // Summed in Acc and converted once to each Var's own dtype (a float32 parameter of a 16-bit
+      // call gets float32 sums, never 16-bit ones).
       std::array<Tensor, 16> sums;
-      ChannelPartialSum<Acc, T> fin;
+      ChannelPartialSum<Acc, Acc> fin;
       fin.partial = body.partial;
       fin.C = plan_.C;
       fin.S = body.S;
       for (int r = 0; r < reduced; ++r) {
         const int k = slot_of[r];
         const ChannelArg& arg = plan_.args[static_cast<std::size_t>(arg_of[static_cast<std::size_t>(k)])];
-        sums[static_cast<std::size_t>(r)] = Tensor::empty(arg.tensor.shape(), plan_.dtype, dev);
-        fin.out[r] = sums[static_cast<std::size_t>(r)].template data<T>();
+        sums[static_cast<std::size_t>(r)] = Tensor::empty(arg.tensor.shape(), dtype_of<Acc>(), dev);
+        fin.out[r] = sums[static_cast<std::size_t>(r)].template data<Acc>();
         fin.slot_of[r] = k;
       }
       parallel_for(dev, reduced * plan_.C, fin);
@@ -224,12 +231,23 @@ Var channel_broadcast_typed(const F& f, ChannelPlan plan, const std::vector<Var>
 
 }  // namespace detail
 
-/// Applies f elementwise over NCHW arguments (full-size [N, C, *], per-channel [C] / [1, C, 1, ..],
-/// or numbers; see the top of this header), differentiating with respect to every Var argument in
-/// one fused forward kernel and one fused backward kernel that also reduces the per-channel
-/// gradients. Returns the output, of the full-size arguments' shape.
+/// How channel_broadcast types its result.
+struct ChannelOptions {
+  /// false (the default): every tensor argument takes part in type promotion, as in broadcast(): a
+  /// 16-bit activation with float32 per-channel arguments gives a float32 result.
+  /// true: the full-size arguments alone decide the dtype, as PyTorch's batch_norm does under
+  /// autocast (a bfloat16 activation normalised with float32 statistics and parameters stays
+  /// bfloat16). The per-channel arguments are read in the compute type (float32 for 16-bit
+  /// activations) and their gradients come back in their own dtype; the full-size arguments'
+  /// gradients are in theirs. So a 16-bit network moves 16 bits per element through its
+  /// normalisations, where the default would write and read a float32 copy.
+  bool keep_activation_dtype = false;
+};
+
+namespace detail {
+
 template <class F, class... Args>
-Var channel_broadcast(const F& f, const Args&... args) {
+Var channel_broadcast_impl(const ChannelOptions& options, const F& f, const Args&... args) {
   static_assert(((detail::arg_kind_v<Args> != detail::kBadArg) && ...),
                 "channel_broadcast: every argument must be a dualcast::Var (differentiated), a "
                 "dualcast::Tensor (constant) or a plain number");
@@ -247,7 +265,8 @@ Var channel_broadcast(const F& f, const Args&... args) {
                 "(float or double): write f as a functor with `DUALCAST_HD auto operator()(auto...) "
                 "const`, or as a DUALCAST_HD lambda with exactly those parameter types");
 
-  detail::ChannelPlan plan = detail::plan_channel_broadcast({detail::describe_channel_arg(args)...});
+  detail::ChannelPlan plan =
+      detail::plan_channel_broadcast({detail::describe_channel_arg(args)...}, options.keep_activation_dtype);
   std::vector<Var> vars;
   (detail::collect_var(vars, args), ...);
   if constexpr (float_ok) {
@@ -264,6 +283,23 @@ Var channel_broadcast(const F& f, const Args&... args) {
   }
   DUALCAST_FAIL("channel_broadcast: f cannot be called with ", dtype_name(plan.dtype),
                 " arguments (its parameter types fix the other element type)");
+}
+
+}  // namespace detail
+
+/// Applies f elementwise over NCHW arguments (full-size [N, C, *], per-channel [C] / [1, C, 1, ..],
+/// or numbers; see the top of this header), differentiating with respect to every Var argument in
+/// one fused forward kernel and one fused backward kernel that also reduces the per-channel
+/// gradients. Returns the output, of the full-size arguments' shape.
+template <class F, class... Args>
+Var channel_broadcast(const F& f, const Args&... args) {
+  return detail::channel_broadcast_impl(ChannelOptions{}, f, args...);
+}
+
+/// The same, typed as `options` says (ChannelOptions::keep_activation_dtype).
+template <class F, class... Args>
+Var channel_broadcast(const ChannelOptions& options, const F& f, const Args&... args) {
+  return detail::channel_broadcast_impl(options, f, args...);
 }
 
 }  // namespace dualcast

@@ -16,11 +16,14 @@
 // (same dtype and device as x). Training needs more than one value per channel (N * H * W > 1), as
 // PyTorch does. Errors name the op, the argument and the shapes.
 //
-// 16-bit x (bfloat16, float16): computes on a float32 copy (one conversion pass each way, forward and
-// backward), as PyTorch's autocast runs batch norm in float32. The running statistics must then be
-// float32 (an Error otherwise); gamma and beta may be float32 (they then get float32 gradients) or x's
-// dtype. batch_norm returns x's dtype; batch_norm_stats returns float32 statistics, which a
-// channel_broadcast over x itself can take as per-channel arguments.
+// 16-bit x (bfloat16, float16), as PyTorch's autocast runs batch norm in float32: batch_norm_stats
+// reads x as it is (summing in double) and returns float32 statistics; its backward writes x's
+// gradient in x's dtype. The running statistics must then be float32 (an Error otherwise). batch_norm
+// computes on a float32 copy (one conversion pass each way) and returns x's dtype; gamma and beta may
+// be float32 (they then get float32 gradients) or x's dtype. A network that keeps its activations in
+// 16 bits applies the float32 statistics with channel_broadcast(ChannelOptions{.keep_activation_dtype
+// = true}, f, x, ...): x is read and the result written in 16 bits, the statistics and parameters in
+// float32.
 #pragma once
 
 #include "dualcast/channel_broadcast.hpp"
