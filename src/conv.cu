@@ -144,10 +144,13 @@ ConvGeometry check_conv(const Tensor& x, const Tensor& w, const Conv2dOptions& o
 bool via_float32(const Tensor& x) { return is_half(x.dtype()) && !use_cudnn(x.device()); }
 
 /// Whether a checked nhwc convolution runs as the NCHW one between permutes (ops/conv.hpp): where
-/// cuDNN does not run it (the CPU, im2col + GEMM), and in float64, whose NHWC support in cuDNN is
-/// not documented for every algorithm (float64 is for accuracy, not speed).
+/// cuDNN does not run it (the CPU, im2col + GEMM), in float64, whose NHWC support in cuDNN is not
+/// documented for every algorithm (float64 is for accuracy, not speed), and where cuDNN lists no
+/// NHWC algorithm that dualcast's rule accepts for the geometry (recorded in conv_algorithms_chosen).
 bool nhwc_via_permutes(const ConvGeometry& g, const Tensor& x) {
-  return g.nhwc && (!use_cudnn(x.device()) || x.dtype() == DType::float64);
+  if (!g.nhwc) return false;
+  if (!use_cudnn(x.device()) || x.dtype() == DType::float64) return true;
+  return detail::cudnn_compiled() && !detail::cudnn_conv_nhwc_supported(x.device(), x.dtype(), g);
 }
 
 /// The options of the NCHW convolution an nhwc one runs as, and the permutes around it.

@@ -197,6 +197,7 @@ struct Plan {
   cudnnDataType_t compute = CUDNN_DATA_FLOAT;
   cudnnMathType_t math = CUDNN_DEFAULT_MATH;
   bool fwd_ready = false, data_ready = false, filter_ready = false;
+  int nhwc_ok = -1;  ///< an NHWC plan: -1 not asked yet, 1 every direction has a usable algorithm, 0 not
   cudnnConvolutionFwdAlgo_t fwd{};
   cudnnConvolutionBwdDataAlgo_t data{};
   cudnnConvolutionBwdFilterAlgo_t filter{};
@@ -511,6 +512,40 @@ void choose_algo(cudnnHandle_t h, Device device, DType dtype, const ConvGeometry
 
 }  // namespace
 
+namespace {
+/// Whether cuDNN's heuristics list, for one direction of plan p, an algorithm that `usable` accepts.
+template <class Perf>
+bool has_usable(cudnnHandle_t h, const Plan& p, DType dtype) {
+  int max_count = 0, returned = 0;
+  algo_count(h, static_cast<const Perf*>(nullptr), &max_count);
+  std::vector<Perf> r(static_cast<std::size_t>(std::max(max_count, 1)));
+  rank_algos(h, p, max_count, &returned, r.data());
+  for (int i = 0; i < returned; ++i)
+    if (usable(r[static_cast<std::size_t>(i)], dtype, p.math, kMaxWorkspace)) return true;
+  return false;
+}
+}  // namespace
+
+bool cudnn_conv_nhwc_supported(Device device, DType dtype, const ConvGeometry& g) {
+  cudnnHandle_t h = handle(device);
+  DeviceGuard guard(device);
+  Plan& p = plan_for(device, dtype, g);
+  std::lock_guard lock(p.mutex);
+  if (p.nhwc_ok < 0) {
+    p.nhwc_ok = has_usable<cudnnConvolutionFwdAlgoPerf_t>(h, p, dtype) &&
+                has_usable<cudnnConvolutionBwdDataAlgoPerf_t>(h, p, dtype) &&
+                has_usable<cudnnConvolutionBwdFilterAlgoPerf_t>(h, p, dtype);
+    if (!p.nhwc_ok) {  // said, not silent: the permuted NCHW convolution runs instead (conv.cu)
+      std::lock_guard chosen(g_chosen_mutex);
+      g_chosen.push_back(concat("nhwc:NONE (", dtype_name(dtype), ", x [", g.N, ", ", g.H, ", ", g.W, ", ", g.C,
+                                "], O ", g.O, ", ", g.KH, "x", g.KW, " stride ", g.sh, "x", g.sw, ", groups ",
+                                g.groups, ": no usable NHWC algorithm in some direction; runs as NCHW between "
+                                "permutes)"));
+    }
+  }
+  return p.nhwc_ok == 1;
+}
+
 void cudnn_conv_forward(Device device, DType dtype, const ConvGeometry& g, const void* x,
                         const void* w, void* y) {
   cudnnHandle_t h = handle(device);
@@ -574,6 +609,7 @@ void cudnn_conv_backward_data(Device, DType, const ConvGeometry&, const void*, c
 void cudnn_conv_backward_filter(Device, DType, const ConvGeometry&, const void*, const void*, void*) {
   no_cudnn();
 }
+bool cudnn_conv_nhwc_supported(Device, DType, const ConvGeometry&) { return false; }
 
 #endif
 

@@ -79,6 +79,11 @@ void cudnn_conv_backward_data(Device device, DType dtype, const ConvGeometry& g,
 void cudnn_conv_backward_filter(Device device, DType dtype, const ConvGeometry& g, const void* x,
                                 const void* dy, void* dw);
 
+/// Whether cuDNN offers, in each of the three directions, an algorithm dualcast's rule accepts for
+/// this NHWC geometry and dtype (the v7 heuristics, asked once per plan). When not, conv.cu runs the
+/// convolution as the NCHW one between permutes, and the list of choices says so ("nhwc:NONE ...").
+bool cudnn_conv_nhwc_supported(Device device, DType dtype, const ConvGeometry& g);
+
 /// Number of cuDNN algorithm searches made so far (each new shape and direction costs one; tests
 /// use it to check the cache).
 int cudnn_algorithm_searches();

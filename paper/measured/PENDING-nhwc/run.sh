@@ -1,11 +1,14 @@
 #!/bin/bash
-# Branch nhwc (channels-last convolutions and the ResNet-18 model's --channels-last; written on the CPU
-# in the seventh session, not yet run on a GPU) waits for, after
+# Branch nhwc (channels-last convolutions, batch norm over channels-last rows, 16-bit activations
+# through batch norm, the ResNet-18 model's --channels-last; written on the CPU in the seventh
+# session, not yet run on a GPU) waits for, after
 #   scripts/gpu-check --build-only --commit SHA, then --only-tests --no-build --commit SHA
 # on the same machine (its build/release). Rename this folder to the run's name when it runs.
 #   bash paper/measured/PENDING-nhwc/run.sh resnet    # the ResNet-18 step at batch 256, bf16 and tf32:
 #        # dualcast NCHW and channels last, torch.compile at the same precision (channels_last and
-#        # autocast: scripts/precision-study resnet), one machine, one call
+#        # autocast: scripts/precision-study resnet), one machine, one call. NCHW bf16 against
+#        # h200-2026-11-29h's 7.84 ms shows the 16-bit activations alone; the bench JSONs list the
+#        # cuDNN algorithms each step ran (cudnn_algorithms)
 #   bash paper/measured/PENDING-nhwc/run.sh profile   # where the channels-last bf16 step's time goes
 #        # (ncu kernel durations, experiments/resnet/breakdown.py; cuDNN's algorithms chosen by the
 #        # v7 heuristics, since a Find search under ncu times its candidates wrongly: the bf16 profile
