@@ -13,8 +13,11 @@
 #        # (ncu kernel durations, experiments/resnet/breakdown.py; cuDNN's algorithms chosen by the
 #        # v7 heuristics, since a Find search under ncu times its candidates wrongly: the bf16 profile
 #        # of h200-2026-11-29h shows 14.3 ms of kernels in a step that takes 7.8 ms unprofiled)
+#   bash paper/measured/PENDING-nhwc/run.sh py        # issue 33's PyTorch HM-LSTM over the whole 300-step
+#        # run (dualcast cell against the torch.compile'd step, same parameters and minibatches;
+#        # 40 steps in h200-2026-11-29i: 234 against 283 ms), and overhead.py (host time per call)
 set -u
-source scripts/device-run.sh "${1:?resnet|profile}"
+source scripts/device-run.sh "${1:?resnet|profile|py}"
 if [ "$part" = resnet ]; then
   dr_build resnet_train
   timeout 300 scripts/precision-study $B "$R/study" resnet > "$R/study.log" 2>&1
@@ -34,5 +37,13 @@ if [ "$part" = profile ]; then
   echo "profile bf16 channels last rc=$? at $((SECONDS - t0)) s"
   cp results/resnet/breakdown.txt "$R/breakdown_bf16_nhwc.txt" 2>/dev/null && grep -E "kernel time|^  [a-z]|ms " "$R/breakdown_bf16_nhwc.txt" | head -40
   rm -f "$R/bf16/resnet.tar.gz"
+fi
+if [ "$part" = py ]; then
+  export DUALCAST_CACHE_DIR=/tmp/dualcast-cache
+  timeout 420 python3 experiments/torch_elementwise/train_hmlstm.py --cells dualcast,compile --steps 300 \
+    --out "$R/train.json" > "$R/train.log" 2>&1
+  echo "train_hmlstm 300 steps rc=$? at $((SECONDS - t0)) s"; grep "^train_hmlstm" "$R/train.log"
+  timeout 150 python3 experiments/torch_elementwise/overhead.py > "$R/overhead.json" 2> "$R/overhead.err"
+  echo "overhead rc=$? at $((SECONDS - t0)) s: $(tr -d '\n ' < "$R/overhead.json" | head -c 400)"
 fi
 dr_pack
