@@ -149,6 +149,7 @@ bool via_float32(const Tensor& x) { return is_half(x.dtype()) && !use_cudnn(x.de
 /// NHWC algorithm that dualcast's rule accepts for the geometry (recorded in conv_algorithms_chosen).
 bool nhwc_via_permutes(const ConvGeometry& g, const Tensor& x) {
   if (!g.nhwc) return false;
+  if (g.N == 0) return false;  // nothing runs (forward and backward return first); cuDNN refuses N = 0
   if (!use_cudnn(x.device()) || x.dtype() == DType::float64) return true;
   return detail::cudnn_compiled() && !detail::cudnn_conv_nhwc_supported(x.device(), x.dtype(), g);
 }
@@ -398,32 +399,36 @@ void gemm_backward(Device d, const ConvGeometry& g, const T* x, const T* w, T* d
 
 // ---- the three directions, dispatched -------------------------------------------------------------
 
-void forward(const ConvGeometry& g, const Tensor& x, const Tensor& w, Tensor& y) {
+void forward(const ConvGeometry& g, const Tensor& x, const Tensor& w, Tensor& y, bool cudnn) {
   if (y.numel() == 0) return;
   const Device d = x.device();
-  if (use_cudnn(d)) {
+  if (cudnn) {
     detail::cudnn_conv_forward(d, x.dtype(), g, x.raw_data(), w.raw_data(), y.raw_data());
     return;
   }
+  DUALCAST_CHECK(!g.nhwc, "conv2d: an nhwc convolution reached the NCHW GEMM code");
   dispatch_floating(x.dtype(), "conv2d", [&](auto tag) {
     using T = decltype(tag);
     gemm_forward<T>(d, g, x.data<T>(), w.data<T>(), y.data<T>());
   });
 }
 
-/// dx (+)= and dw = the gradients of one convolution; an undefined dx or dw is not computed.
+/// dx (+)= and dw = the gradients of one convolution; an undefined dx or dw is not computed. cudnn:
+/// where the forward ran (asked then, not now: a backend changed in between must not send an NHWC
+/// geometry to the NCHW-only GEMM code).
 void conv_backward(const ConvGeometry& g, const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx,
-              bool accumulate, Tensor* dw) {
+                   bool accumulate, Tensor* dw, bool cudnn) {
   const Device d = dy.device();
   if (dw && g.N == 0) dw->fill_(0.0);
   if (g.N == 0) return;
-  if (use_cudnn(d)) {
+  if (cudnn) {
     if (dx)
       detail::cudnn_conv_backward_data(d, dy.dtype(), g, w.raw_data(), dy.raw_data(), dx->raw_data(),
                                        accumulate);
     if (dw) detail::cudnn_conv_backward_filter(d, dy.dtype(), g, x.raw_data(), dy.raw_data(), dw->raw_data());
     return;
   }
+  DUALCAST_CHECK(!g.nhwc, "conv2d backward: an nhwc convolution reached the NCHW GEMM code");
   dispatch_floating(dy.dtype(), "conv2d backward", [&](auto tag) {
     using T = decltype(tag);
     gemm_backward<T>(d, g, dw ? x.data<T>() : nullptr, dx ? w.data<T>() : nullptr, dy.data<T>(),
@@ -433,7 +438,7 @@ void conv_backward(const ConvGeometry& g, const Tensor& x, const Tensor& w, cons
 
 class Conv2dNode final : public Node {
  public:
-  explicit Conv2dNode(const ConvGeometry& g) : g_(g) {}
+  Conv2dNode(const ConvGeometry& g, bool cudnn) : g_(g), cudnn_(cudnn) {}
   [[nodiscard]] const char* name() const override { return "conv2d"; }
   void release_saved() override {
     x_ = Tensor();
@@ -449,7 +454,7 @@ class Conv2dNode final : public Node {
     Tensor dx, dw;
     if (in) dx = accumulate ? in->grad : Tensor::empty(input_shape(g_), dy.dtype(), dy.device());
     if (inputs[1]) dw = Tensor::empty(weight_shape(g_), dy.dtype(), dy.device());
-    conv_backward(g_, x_, w_, dy, in ? &dx : nullptr, accumulate, inputs[1] ? &dw : nullptr);
+    conv_backward(g_, x_, w_, dy, in ? &dx : nullptr, accumulate, inputs[1] ? &dw : nullptr, cudnn_);
     if (in && !accumulate) detail::accumulate_grad(*in, std::move(dx), /*owned=*/true);
     if (inputs[1]) detail::accumulate_grad(*inputs[1], std::move(dw), /*owned=*/true);
   }
@@ -459,6 +464,7 @@ class Conv2dNode final : public Node {
 
  private:
   ConvGeometry g_;
+  bool cudnn_;  ///< where the forward ran
 };
 
 }  // namespace
@@ -503,7 +509,7 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Conv2dOptions& options) {
   }
   const Tensor xc = detail::contiguous_copy(x), wc = detail::contiguous_copy(w);
   Tensor y = Tensor::empty(conv_detail::output_shape(g), x.dtype(), x.device());
-  conv_detail::forward(g, xc, wc, y);
+  conv_detail::forward(g, xc, wc, y, conv_detail::use_cudnn(x.device()));
   return y;
 }
 
@@ -527,10 +533,11 @@ Var conv2d(const Var& x, const Var& w, const Conv2dOptions& options) {
   }
   const Tensor xc = detail::contiguous_copy(x.value()), wc = detail::contiguous_copy(w.value());
   Tensor y = Tensor::empty(conv_detail::output_shape(g), xc.dtype(), xc.device());
-  conv_detail::forward(g, xc, wc, y);
+  const bool cudnn = conv_detail::use_cudnn(xc.device());
+  conv_detail::forward(g, xc, wc, y, cudnn);
   std::shared_ptr<conv_detail::Conv2dNode> node;
   if (detail::any_requires_grad({x, w})) {
-    node = std::make_shared<conv_detail::Conv2dNode>(g);
+    node = std::make_shared<conv_detail::Conv2dNode>(g, cudnn);
     if (w.requires_grad()) node->x_ = xc;
     if (x.requires_grad()) node->w_ = wc;
   }

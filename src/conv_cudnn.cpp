@@ -474,6 +474,35 @@ void workspace_size(cudnnHandle_t h, const Plan& p, int dir, cudnnConvolutionBwd
   DUALCAST_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p.x, p.y, p.conv_for(dir), p.w, a, bytes));
 }
 
+// Whether cuDNN can say how much workspace a candidate of the heuristics needs on conv (the v7
+// heuristics may list as supported an algorithm whose workspace query then fails, as PyTorch found).
+bool workspace_known(cudnnHandle_t h, const Plan& p, cudnnConvolutionDescriptor_t conv, cudnnConvolutionFwdAlgo_t a) {
+  std::size_t bytes = 0;
+  return cudnnGetConvolutionForwardWorkspaceSize(h, p.x, p.w, conv, p.y, a, &bytes) == CUDNN_STATUS_SUCCESS;
+}
+bool workspace_known(cudnnHandle_t h, const Plan& p, cudnnConvolutionDescriptor_t conv, cudnnConvolutionBwdDataAlgo_t a) {
+  std::size_t bytes = 0;
+  return cudnnGetConvolutionBackwardDataWorkspaceSize(h, p.w, p.y, conv, p.x, a, &bytes) == CUDNN_STATUS_SUCCESS;
+}
+bool workspace_known(cudnnHandle_t h, const Plan& p, cudnnConvolutionDescriptor_t conv,
+                     cudnnConvolutionBwdFilterAlgo_t a) {
+  std::size_t bytes = 0;
+  return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p.x, p.y, conv, p.w, a, &bytes) == CUDNN_STATUS_SUCCESS;
+}
+
+/// The first result of the heuristics (v7) that the rule accepts and whose workspace cuDNN can size;
+/// null when none.
+template <class Perf>
+const Perf* first_heuristic(cudnnHandle_t h, const Plan& p, DType dtype, std::vector<Perf>& r, int max_count) {
+  int returned = 0;
+  rank_algos(h, p, max_count, &returned, r.data());
+  for (int i = 0; i < returned; ++i) {
+    const Perf& e = r[static_cast<std::size_t>(i)];
+    if (usable(e, dtype, p.math, kMaxWorkspace) && workspace_known(h, p, p.conv, e.algo)) return &e;
+  }
+  return nullptr;
+}
+
 /// Chooses the algorithm of one direction, once per plan (under p.mutex; `ready` records it): the
 /// first usable result of cuDNN's Find (timed on a zeroed scratch output of `out_shape`) where Find
 /// is on and the stream is not capturing, else of its heuristic ranking; then its workspace size.
@@ -489,17 +518,24 @@ void choose_algo(cudnnHandle_t h, Device device, DType dtype, const ConvGeometry
   algo_count(h, static_cast<const Perf*>(nullptr), &max_count);
   std::vector<Perf> r(static_cast<std::size_t>(std::max(max_count, 1)));
   std::size_t limit = kMaxWorkspace;
-  const bool searched = use_find() && !stream_is_capturing(device);
+  bool searched = use_find() && !stream_is_capturing(device);
+  const Perf* it = nullptr;
   if (searched) {
     Tensor ws = search_workspace(device, limit);
     const Tensor scratch = search_output(out_shape, dtype, device);
     find_algos(h, p, a, b, scratch.raw_data(), max_count, &returned, r.data(), ws.raw_data(), limit);
-  } else {
-    rank_algos(h, p, max_count, &returned, r.data());
+    const auto found = std::find_if(r.begin(), r.begin() + returned,
+                                    [&](const auto& e) { return usable(e, dtype, p.math, limit); });
+    if (found != r.begin() + returned) it = &*found;
   }
-  const auto it = std::find_if(r.begin(), r.begin() + returned,
-                               [&](const auto& e) { return usable(e, dtype, p.math, limit); });
-  if (it == r.begin() + returned) no_algorithm(direction, r, returned, g);
+  // The heuristics: by choice, during a capture, or where Find timed nothing the rule accepts (an
+  // NHWC plan whose forward already ran on cuDNN must not fail in its backward).
+  std::vector<Perf> ranked(r.size());
+  if (!it) {
+    it = first_heuristic(h, p, dtype, ranked, max_count);
+    searched = false;
+  }
+  if (!it) no_algorithm(direction, r, returned, g);
   algo = it->algo;
   record_choice(direction, algo, dtype, g, it->mathType, it->time, searched);
   if (p.follow_choice) {
@@ -520,8 +556,10 @@ bool has_usable(cudnnHandle_t h, const Plan& p, DType dtype) {
   algo_count(h, static_cast<const Perf*>(nullptr), &max_count);
   std::vector<Perf> r(static_cast<std::size_t>(std::max(max_count, 1)));
   rank_algos(h, p, max_count, &returned, r.data());
-  for (int i = 0; i < returned; ++i)
-    if (usable(r[static_cast<std::size_t>(i)], dtype, p.math, kMaxWorkspace)) return true;
+  for (int i = 0; i < returned; ++i) {
+    const Perf& e = r[static_cast<std::size_t>(i)];
+    if (usable(e, dtype, p.math, kMaxWorkspace) && workspace_known(h, p, p.conv, e.algo)) return true;
+  }
   return false;
 }
 }  // namespace

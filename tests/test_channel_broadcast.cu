@@ -134,7 +134,8 @@ struct AfterOf {
 
 TEST_P(ChannelBroadcast, GradientsMatchFiniteDifferences) {
   const Device dev = GetParam();
-  for (const Shape& xs : {Shape{3, 4, 2, 4}, Shape{2, 3, 5, 3}, Shape{5, 2}}) {
+  // [70, 40]: channels-last rows, reduced in columns on a GPU (a partial block of 32 channels).
+  for (const Shape& xs : {Shape{3, 4, 2, 4}, Shape{2, 3, 5, 3}, Shape{5, 2}, Shape{70, 40}}) {
     const std::int64_t C = xs[1];
     const Tensor x = Tensor::randn(xs, dev, 11, DType::float64);
     const Tensor a = Tensor::randn({C}, dev, 12, DType::float64);
@@ -167,23 +168,25 @@ TEST_P(ChannelBroadcast, PerChannelSumsAreTheSameEveryRun) {
 TEST_P(ChannelBroadcast, GpuEqualsCpu) {
   const Device dev = GetParam();
   if (dev.is_cpu()) GTEST_SKIP() << "compares a CUDA device with the CPU";
-  const Shape xs{8, 6, 7, 9};
-  const std::int64_t C = 6;
-  const std::vector<Tensor> two{Tensor::randn(xs, Device::cpu(), 1), Tensor::randn(xs, Device::cpu(), 2)};
-  std::vector<Tensor> eight;
-  for (int i = 0; i < 8; ++i) eight.push_back(Tensor::uniform({C}, Device::cpu(), 10 + i, 0.5, 1.5));
-  const Tensor adj = Tensor::randn(xs, Device::cpu(), 3);
-  auto on = [&](Device d) {
-    std::vector<Tensor> f, c;
-    for (const auto& t : two) f.push_back(t.to(d));
-    for (const auto& t : eight) c.push_back(t.to(d));
-    return run_block(BatchNorm2AddRelu{}, f, c, true, adj.to(d));
-  };
-  const Outcome cpu = on(Device::cpu()), gpu = on(dev);
-  expect_close(gpu.y.to(Device::cpu()), cpu.y, kSameResultTolFloat, "value");
-  for (std::size_t k = 0; k < cpu.grads.size(); ++k)
-    expect_close(gpu.grads[k].to(Device::cpu()), cpu.grads[k], kSameResultTolFloat,
-                 "gradient " + std::to_string(k));
+  // NCHW, and channels-last rows [M, C] with C past a warp (columns on the GPU, several slices).
+  for (const Shape& xs : {Shape{8, 6, 7, 9}, Shape{3000, 40}}) {
+    const std::int64_t C = xs[1];
+    const std::vector<Tensor> two{Tensor::randn(xs, Device::cpu(), 1), Tensor::randn(xs, Device::cpu(), 2)};
+    std::vector<Tensor> eight;
+    for (int i = 0; i < 8; ++i) eight.push_back(Tensor::uniform({C}, Device::cpu(), 10 + i, 0.5, 1.5));
+    const Tensor adj = Tensor::randn(xs, Device::cpu(), 3);
+    auto on = [&](Device d) {
+      std::vector<Tensor> f, c;
+      for (const auto& t : two) f.push_back(t.to(d));
+      for (const auto& t : eight) c.push_back(t.to(d));
+      return run_block(BatchNorm2AddRelu{}, f, c, true, adj.to(d));
+    };
+    const Outcome cpu = on(Device::cpu()), gpu = on(dev);
+    expect_close(gpu.y.to(Device::cpu()), cpu.y, kSameResultTolFloat, "value " + xs.str());
+    for (std::size_t k = 0; k < cpu.grads.size(); ++k)
+      expect_close(gpu.grads[k].to(Device::cpu()), cpu.grads[k], kSameResultTolFloat,
+                   "gradient " + std::to_string(k) + " " + xs.str());
+  }
 }
 
 TEST_P(ChannelBroadcast, KeepingTheActivationDtypeGivesTheFloat32CallRoundedOnce) {
