@@ -72,7 +72,12 @@ struct ChannelOperands {
   T scal[NN] = {};         ///< the number
   int access[NN] = {};   ///< ChannelAccess
   std::int64_t n = 0, C = 1, inner = 1;
-  bool vec = false;  ///< chunks of 16 bytes are aligned and lie in one channel (inner % V == 0)
+  /// chunks of 16 bytes are aligned and lie in one channel (inner % V == 0), or, with `rows`, in one
+  /// row of channels (C % V == 0)
+  bool vec = false;
+  /// inner == 1 ([N, C]: channels last): a chunk's V elements are V consecutive channels, each with
+  /// its own per-channel values (the forward only: the backward's per-channel sums walk channels)
+  bool rows = false;
 
   [[nodiscard]] DUALCAST_HD DUALCAST_INLINE std::int64_t channel_of(std::int64_t i) const {
     const std::int64_t q = cb_div(i, inner);
@@ -94,6 +99,9 @@ struct ChannelOperands {
         const CbPacket<S, V> p = *reinterpret_cast<const CbPacket<S, V>*>(in[a] + base);
         DUALCAST_UNROLL
         for (int e = 0; e < V; ++e) x[e][a] = p.v[e];
+      } else if (rows && access[a] == static_cast<int>(ChannelAccess::channel)) {
+        DUALCAST_UNROLL
+        for (int e = 0; e < V; ++e) x[e][a] = chan[a][c + e];
       } else {
         const T v = access[a] == static_cast<int>(ChannelAccess::channel) ? chan[a][c] : scal[a];
         DUALCAST_UNROLL

@@ -86,7 +86,8 @@ ChannelOperands<compute_t<S>, NA, S> make_channel_operands(const ChannelPlan& pl
   ops.n = plan.out_shape.numel();
   ops.C = plan.C;
   ops.inner = plan.inner;
-  ops.vec = plan.inner % cb_width<T> == 0;
+  ops.rows = plan.inner == 1;
+  ops.vec = ops.rows ? plan.C % cb_width<T> == 0 : plan.inner % cb_width<T> == 0;
   for (int a = 0; a < NA; ++a) {
     const ChannelArg& info = plan.args[static_cast<std::size_t>(a)];
     ops.access[a] = info.access;
@@ -120,7 +121,9 @@ class ChannelBroadcastNode final : public Node {
     body.adj = g.template data<T>();
     body.M = plan_.N * plan_.inner;
     body.S = channel_slices(dev, plan_.C, body.M, plan_.inner);
-    if (!aligned16(body.adj)) body.ops.vec = false;
+    // Channels-last rows take the element path here: a chunk would span V channels, and each
+    // element's per-channel gradients go to its own channel's sums.
+    if (!aligned16(body.adj) || body.ops.rows) body.ops.vec = false;
 
     // Slot k -> argument index.
     std::array<int, K> arg_of{};
