@@ -208,6 +208,7 @@ struct StatsBackward {
   bool accumulate;
   std::int64_t n, C, inner, M;
   bool vec;
+  bool rows = false;  ///< inner == 1 (channels last): a chunk holds V consecutive channels
   static constexpr int V = cb_width<T>;
 
   DUALCAST_HD DUALCAST_INLINE void coefficients(std::int64_t c, T& a, T& b) const {
@@ -223,14 +224,25 @@ struct StatsBackward {
     if (vec) {
       const std::int64_t q = cb_div(base, inner);
       const std::int64_t c = q - cb_div(q, C) * C;
-      T a, b;
-      coefficients(c, a, b);
+      // One channel's coefficients for the chunk, or with `rows` (channels last: V consecutive
+      // channels of one row) each element's own.
+      T a[V], b[V];
+      coefficients(c, a[0], b[0]);
+      DUALCAST_UNROLL
+      for (int e = 1; e < V; ++e) {
+        if (rows) {
+          coefficients(c + e, a[e], b[e]);
+        } else {
+          a[e] = a[0];
+          b[e] = b[0];
+        }
+      }
       const CbPacket<S, V> px = *reinterpret_cast<const CbPacket<S, V>*>(x + base);
       CbPacket<S, V> pg;
       if (accumulate) pg = *reinterpret_cast<const CbPacket<S, V>*>(gx + base);
       DUALCAST_UNROLL
       for (int e = 0; e < V; ++e)
-        pg.v[e] = static_cast<S>((accumulate ? static_cast<T>(pg.v[e]) : T(0)) + a + b * static_cast<T>(px.v[e]));
+        pg.v[e] = static_cast<S>((accumulate ? static_cast<T>(pg.v[e]) : T(0)) + a[e] + b[e] * static_cast<T>(px.v[e]));
       *reinterpret_cast<CbPacket<S, V>*>(gx + base) = pg;
       return;
     }
@@ -324,7 +336,8 @@ class StatsNode final : public Node {
                             g_.M,
                             false};
       constexpr int V = StatsBackward<St>::V;
-      body.vec = g_.inner % V == 0 && aligned(body.x) && aligned(body.gx);
+      body.rows = g_.inner == 1;
+      body.vec = (body.rows ? g_.C % V == 0 : g_.inner % V == 0) && aligned(body.x) && aligned(body.gx);
       parallel_for(x_.device(), (x_.numel() + V - 1) / V, body, kCpuGrain / V);
     });
     if (!in_place) detail::accumulate_grad(in, std::move(gx), /*owned=*/true);
