@@ -137,8 +137,9 @@ struct StatsOf {
 TEST_P(BatchNorm, GradientsMatchFiniteDifferences) {
   const Device dev = GetParam();
   std::uint64_t seed = 30;
-  // [70, 40]: channels-last rows, reduced in columns on a GPU.
-  for (const Shape& xs : {Shape{3, 2, 3, 4}, Shape{5, 3}, Shape{2, 3, 3, 3}, Shape{70, 40}}) {
+  // [69, 40]: channels-last rows, reduced in columns on a GPU (check_gradients checks every 29th
+  // element: both parities of channel, which chunks of consecutive channels need).
+  for (const Shape& xs : {Shape{3, 2, 3, 4}, Shape{5, 3}, Shape{2, 3, 3, 3}, Shape{69, 40}}) {
     const std::int64_t C = xs[1];
     auto x = [&] { return Tensor::randn(xs, dev, ++seed, DType::float64); };
     auto gamma = [&] { return Tensor::uniform({C}, dev, ++seed, 0.5, 2.0, DType::float64); };
