@@ -343,6 +343,20 @@ bool usable(const Perf& r, DType dtype, cudnnMathType_t plan_math, std::size_t l
   return true;
 }
 
+/// "x [N, H, W, C], O 64, 3x3 stride 1x1, groups 1" (x in its layout's order): a plan's geometry
+/// in the list of choices.
+std::string geometry_text(const ConvGeometry& g) {
+  const std::string x = g.nhwc ? concat("[", g.N, ", ", g.H, ", ", g.W, ", ", g.C, "]")
+                               : concat("[", g.N, ", ", g.C, ", ", g.H, ", ", g.W, "]");
+  return concat("x ", x, ", O ", g.O, ", ", g.KH, "x", g.KW, " stride ", g.sh, "x", g.sw, ", groups ", g.groups);
+}
+
+/// Records one choice in the list conv_algorithms_chosen() hands out.
+void record(std::string entry) {
+  std::lock_guard lock(g_chosen_mutex);
+  g_chosen.push_back(std::move(entry));
+}
+
 template <class Algo>
 void record_choice(const char* direction, Algo algo, DType dtype, const ConvGeometry& g, cudnnMathType_t math,
                    float ms, bool searched) {
@@ -352,14 +366,9 @@ void record_choice(const char* direction, Algo algo, DType dtype, const ConvGeom
                           : math == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION ? "tensor-op with conversion"
                           : math == CUDNN_FMA_MATH                        ? "fma"
                                                                           : "default";
-  const std::string x = g.nhwc ? detail::concat("[", g.N, ", ", g.H, ", ", g.W, ", ", g.C, "]")
-                               : detail::concat("[", g.N, ", ", g.C, ", ", g.H, ", ", g.W, "]");
-  std::string entry = detail::concat(direction, ":", info(algo).name, " (", dtype_name(dtype), ", ", math_name,
-                                     " math, ", g.nhwc ? "nhwc" : "nchw", ", x ", x, ", O ", g.O, ", ", g.KH, "x",
-                                     g.KW, " stride ", g.sh, "x", g.sw, ", groups ", g.groups);
-  entry += searched ? detail::concat(", ", ms, " ms in the search)") : std::string(", heuristic)");
-  std::lock_guard lock(g_chosen_mutex);
-  g_chosen.push_back(std::move(entry));
+  record(concat(direction, ":", info(algo).name, " (", dtype_name(dtype), ", ", math_name, " math, ",
+                g.nhwc ? "nhwc" : "nchw", ", ", geometry_text(g),
+                searched ? concat(", ", ms, " ms in the search)") : std::string(", heuristic)")));
 }
 
 bool stream_is_capturing(Device device) {
@@ -552,15 +561,10 @@ namespace {
 /// Whether cuDNN's heuristics list, for one direction of plan p, an algorithm that `usable` accepts.
 template <class Perf>
 bool has_usable(cudnnHandle_t h, const Plan& p, DType dtype) {
-  int max_count = 0, returned = 0;
+  int max_count = 0;
   algo_count(h, static_cast<const Perf*>(nullptr), &max_count);
   std::vector<Perf> r(static_cast<std::size_t>(std::max(max_count, 1)));
-  rank_algos(h, p, max_count, &returned, r.data());
-  for (int i = 0; i < returned; ++i) {
-    const Perf& e = r[static_cast<std::size_t>(i)];
-    if (usable(e, dtype, p.math, kMaxWorkspace) && workspace_known(h, p, p.conv, e.algo)) return true;
-  }
-  return false;
+  return first_heuristic(h, p, dtype, r, max_count) != nullptr;
 }
 }  // namespace
 
@@ -574,11 +578,8 @@ bool cudnn_conv_nhwc_supported(Device device, DType dtype, const ConvGeometry& g
                 has_usable<cudnnConvolutionBwdDataAlgoPerf_t>(h, p, dtype) &&
                 has_usable<cudnnConvolutionBwdFilterAlgoPerf_t>(h, p, dtype);
     if (!p.nhwc_ok) {  // said, not silent: the permuted NCHW convolution runs instead (conv.cu)
-      std::lock_guard chosen(g_chosen_mutex);
-      g_chosen.push_back(concat("nhwc:NONE (", dtype_name(dtype), ", x [", g.N, ", ", g.H, ", ", g.W, ", ", g.C,
-                                "], O ", g.O, ", ", g.KH, "x", g.KW, " stride ", g.sh, "x", g.sw, ", groups ",
-                                g.groups, ": no usable NHWC algorithm in some direction; runs as NCHW between "
-                                "permutes)"));
+      record(concat("nhwc:NONE (", dtype_name(dtype), ", ", geometry_text(g),
+                    ": no usable NHWC algorithm in some direction; runs as NCHW between permutes)"));
     }
   }
   return p.nhwc_ok == 1;

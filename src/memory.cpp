@@ -183,6 +183,15 @@ struct GraphPool {
 }  // namespace detail
 
 namespace {
+// Runs an owner's release of adopted memory; what it throws stays with it (a buffer is dropped in
+// destructors).
+void run_release(const std::function<void()>& release) noexcept {
+  try {
+    release();
+  } catch (...) {
+  }
+}
+
 #if DUALCAST_WITH_CUDA
 void pool_adopt(DeviceCache& cache, detail::GraphPool& pool, void* p, std::size_t block) {
   pool.blocks.emplace_back(p, block);
@@ -203,22 +212,22 @@ void pool_dissolve(DeviceCache& cache, detail::GraphPool* pool) noexcept {
   delete pool;
 }
 
-// Called WITHOUT cache.mutex held: the releases of adopted memory whose graph pool dissolved, once
-// the device's stream has finished with it (a graph's last replay may still be queued).
+// Called WITHOUT cache.mutex held: `releases` once the device's stream has finished with their
+// memory (a kernel or a graph's last replay may still be reading it).
+void run_releases_after_stream(const std::vector<std::function<void()>>& releases, int index) noexcept {
+  if (releases.empty()) return;
+  (void)cudaStreamSynchronize(detail::stream(Device{DeviceKind::cuda, index}));
+  for (const auto& release : releases) run_release(release);
+}
+
+// Called WITHOUT cache.mutex held: the releases of adopted memory whose graph pool dissolved.
 void run_foreign_due(DeviceCache& cache, int index) noexcept {
   std::vector<std::function<void()>> due;
   {
     std::lock_guard lock(cache.mutex);
     due.swap(cache.foreign_due);
   }
-  if (due.empty()) return;
-  (void)cudaStreamSynchronize(detail::stream(Device{DeviceKind::cuda, index}));
-  for (auto& release : due) {
-    try {
-      release();
-    } catch (...) {
-    }
-  }
+  run_releases_after_stream(due, index);
 }
 
 // Adopted memory dropped on a CUDA device: given to its owner once dualcast's stream is done with
@@ -232,11 +241,7 @@ void foreign_deallocate(std::function<void()> release, int index) noexcept {
       return;
     }
   }
-  (void)cudaStreamSynchronize(detail::stream(Device{DeviceKind::cuda, index}));
-  try {
-    release();
-  } catch (...) {
-  }
+  run_releases_after_stream({std::move(release)}, index);
 }
 
 // Called with cache.mutex held.
@@ -475,10 +480,7 @@ void Buffer::release() noexcept {
       return;
     }
 #endif
-    try {
-      release();
-    } catch (...) {
-    }
+    run_release(release);
     return;
   }
   if (!data_) return;
