@@ -2,8 +2,9 @@
 trained on the license corpus with its cell update as a dualcast.torch.elementwise kernel, against
 the same model with the cell in PyTorch eager ops and with the cell step under torch.compile
 (issue 33, item 5). The dualcast variant runs the layer-step's boundary detector as a second
-dualcast function, as the native model does, so that it fuses what torch.compile fuses. Every variant starts from the same parameters and reads the same minibatches,
-so their bits/char curves must agree to float32 rounding; what differs is the time per step.
+dualcast function, as the native model does, so that it fuses what torch.compile fuses. Every
+variant starts from the same parameters and reads the same minibatches, so their bits/char curves
+must agree to float32 rounding; what differs is the time per step.
 
 The recipe is dualcast's native character LM's (experiments/hmlstm/charlm.hpp): the corpus mapped to
 64 symbols, its last 10% held out, Adam at lr 2e-3, the gradient norm clipped at 1, the boundary
