@@ -37,6 +37,8 @@ struct Config {
   /// ConvLayout::nhwc (cuDNN's tensor-core kernels are NHWC ones), each weight permuted to
   /// [O, KH, KW, C] as it is used (the parameters keep PyTorch's [O, C, KH, KW]), batch norm on
   /// the [N*H*W, C] view of an activation. The input and the logits are the same either way.
+  /// For the tensor-core precisions (tf32, bf16, fp16): in exact float32 cuDNN's NHWC kernels are
+  /// FMA implicit GEMMs and the step is 2x slower than NCHW (paper/measured/h200-2026-11-29j).
   bool channels_last = false;
 };
 

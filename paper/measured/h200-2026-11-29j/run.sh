@@ -1,19 +1,18 @@
 #!/bin/bash
-# Branch nhwc (channels-last convolutions, batch norm over channels-last rows, 16-bit activations
-# through batch norm, the ResNet-18 model's --channels-last; written on the CPU in the seventh
-# session, not yet run on a GPU) waits for, after
-#   scripts/gpu-check --build-only --commit SHA, then --only-tests --no-build --commit SHA
-# on the same machine (its build/release). Rename this folder to the run's name when it runs.
-#   bash paper/measured/PENDING-nhwc/run.sh resnet    # the ResNet-18 step at batch 256, bf16 and tf32:
+# h200-2026-11-29j: branch nhwc at 0370d74 (channels-last convolutions, batch norm over channels-last
+# rows, 16-bit activations through batch norm, the ResNet-18 model's --channels-last), after
+#   scripts/gpu-check --build-only --commit 0370d74..., then --only-tests --no-build --commit 0370d74...
+# on the same machine (its build/release). Part resnet ran; profile and py did not (README.md).
+#   bash paper/measured/h200-2026-11-29j/run.sh resnet    # the ResNet-18 step at batch 256, bf16 and tf32:
 #        # dualcast NCHW and channels last, torch.compile at the same precision (channels_last and
 #        # autocast: scripts/precision-study resnet), one machine, one call. NCHW bf16 against
 #        # h200-2026-11-29h's 7.84 ms shows the 16-bit activations alone; the bench JSONs list the
 #        # cuDNN algorithms each step ran (cudnn_algorithms)
-#   bash paper/measured/PENDING-nhwc/run.sh profile   # where the channels-last bf16 step's time goes
+#   bash paper/measured/h200-2026-11-29j/run.sh profile   # where the channels-last bf16 step's time goes
 #        # (ncu kernel durations, experiments/resnet/breakdown.py; cuDNN's algorithms chosen by the
 #        # v7 heuristics, since a Find search under ncu times its candidates wrongly: the bf16 profile
 #        # of h200-2026-11-29h shows 14.3 ms of kernels in a step that takes 7.8 ms unprofiled)
-#   bash paper/measured/PENDING-nhwc/run.sh py        # issue 33's PyTorch HM-LSTM over the whole 300-step
+#   bash paper/measured/h200-2026-11-29j/run.sh py        # issue 33's PyTorch HM-LSTM over the whole 300-step
 #        # run (dualcast cell against the torch.compile'd step, same parameters and minibatches;
 #        # 40 steps in h200-2026-11-29i: 234 against 283 ms), and overhead.py (host time per call)
 set -u
