@@ -1,7 +1,8 @@
 """dualcast.torch.elementwise's costs outside the kernels (issue 33's targets): the first compile of
 a new function, loading it from the disk cache in a fresh process, and the host time of a call on an
 already compiled function (forward alone, forward + backward) at a size where the kernels take a few
-microseconds, against the same cell in PyTorch eager and torch.compile. Prints one JSON object.
+microseconds, against the same cell in PyTorch eager and torch.compile; dualcast through the compiled
+launcher (dualcast.native) and through the Python one. Prints one JSON object.
 
     python3 experiments/torch_elementwise/overhead.py [--device cuda|cpu] [--reps N]
 """
@@ -19,10 +20,12 @@ ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 sys.path.insert(0, os.path.join(ROOT, "experiments", "common"))
 
+os.environ.setdefault("DUALCAST_NATIVE", "wait")  # the compiled launcher loaded before anything is timed
+
 import torch  # noqa: E402
 
-from dualcast import jit  # noqa: E402
-from dualcast.torch import elementwise  # noqa: E402
+from dualcast import jit, native  # noqa: E402
+from dualcast.torch import elementwise, launcher, set_native  # noqa: E402
 from torch_timing import summary  # noqa: E402
 
 CELL = """
@@ -88,14 +91,26 @@ def main():
     compiled = torch.compile(cell_torch)
     out = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "n": n,
            "torch": torch.__version__}
-    for name, fn in (("dualcast", cell), ("torch_eager", cell_torch), ("torch_compile", compiled)):
+    out["launcher"] = launcher()
+    for name, fn in (("dualcast", cell), ("dualcast_python_launcher", cell), ("torch_eager", cell_torch),
+                     ("torch_compile", compiled)):
+        set_native(name != "dualcast_python_launcher")
         with torch.no_grad():
             fwd = host_us(lambda: fn(z, zb, *xs), o.reps, sync)
         both = host_us(lambda: torch.autograd.grad(fn(z, zb, *xs), xs, adj), o.reps, sync)
         out[name] = {"forward_us": round(fwd, 2), "forward_backward_us": round(both, 2)}
+        if name == "dualcast":  # how many of its calls the compiled launcher took (all but the first two)
+            out["compiled_launcher_calls"] = cell._native.calls if cell._native is not None else 0
+    set_native(True)
     # The kernels alone, for the overhead: CUDA events around many calls would include the gaps, so
     # the launch cost is read from a torch op of the same size as the floor.
     out["torch_add_us"] = round(host_us(lambda: xs[0] + xs[1], o.reps, sync), 2)
+    # Loading the compiled launcher (built and cached before), once per process.
+    r = subprocess.run([sys.executable, "-c", "import sys, time; sys.path.insert(0, %r); import torch\n"
+                        "t0 = time.perf_counter(); from dualcast import native; native.start()\n"
+                        "print(time.perf_counter() - t0, native.status())" % os.path.join(ROOT, "python")],
+                       capture_output=True, text=True, check=True)
+    out["compiled_launcher_load_s"] = round(float(r.stdout.split()[0]), 4)
     with tempfile.TemporaryDirectory() as cache:
         os.environ["DUALCAST_CACHE_DIR"] = cache
         first, disk = first_compile_and_disk(o.device)

@@ -317,6 +317,16 @@ class _Launch:
     def __init__(self, kernel, template, plan, fn):
         self._kernel, self._template, self.plan, self._fn = kernel, template, plan, fn
 
+    def describe(self):
+        """This launch for dualcast.native's compiled launcher (csrc/launcher.cpp, Launch::from): the
+        context, entry point, grid, the Args bytes and where in them the addresses and `vec` go, what
+        vector_ok needs, and the address counts."""
+        k, p = self._kernel, self.plan
+        A = k._Args
+        return ("cuda", k._ctx, self._fn.value, p.grid[0], p.grid[1], THREADS, self._template, A.in_.offset,
+                A.out.offset, A.partials.offset, A.vec.offset, bool(p.walk == "fast" and p.vec_strides), p.unit,
+                p.vec_bytes, k.spec.n_in, k.spec.n_out, max(k.spec.n_partials, 1))
+
     def __call__(self, stream, inputs, outputs, partials):
         k, p = self._kernel, self.plan
         a = k._Args.from_buffer_copy(self._template)

@@ -306,6 +306,14 @@ class _Launch:
         self._nin, self._nout = len(in_strides), n_out
         self._type = ctypes.c_int64 * (_ARGS_WORDS + len(in_strides) + n_out + max(n_partials, 1))
 
+    def describe(self):
+        """This launch for dualcast.native's compiled launcher (csrc/launcher.cpp, Launch::from):
+        the entry point's address, the coalesced shape and strides, the address counts, threads."""
+        nin = self._nin
+        return ("cpu", ctypes.cast(self._run, ctypes.c_void_p).value, list(self._keep[0])[:self._nd],
+                list(self._keep[1])[:nin * self._nd], nin, self._nout,
+                self._type._length_ - _ARGS_WORDS - nin - self._nout, _CPUS)
+
     def __call__(self, inputs, outputs, partials, threads=0):
         a = self._type(self._nd, self._shape, 0, self._strides, 0, 0, threads if threads > 0 else _CPUS,
                        *inputs, *outputs, *partials)

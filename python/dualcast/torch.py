@@ -22,13 +22,15 @@ run on PyTorch's current stream and never synchronise.
 """
 
 import functools
+import weakref
 
 import torch
 
-from . import jit, torch_library
-from .torch_library import compiled_kernel, discard_compile, launch, same_dtype, start_compile, value_kernel
+from . import jit, native, torch_library
+from .torch_library import (compiled_kernel, describe, discard_compile, launch, same_dtype, start_compile,
+                            value_kernel)
 
-__all__ = ["elementwise", "Elementwise"]
+__all__ = ["elementwise", "Elementwise", "launcher", "set_native"]
 
 _DTYPES = {t: name for name, t in torch_library.DTYPES.items()}  # torch dtype -> dualcast.jit's name
 # read into float, computed in float, stored rounded once (jit.HALF_DTYPES)
@@ -48,6 +50,12 @@ class Elementwise:
         self._calls = {}  # call signature -> _Call: the checks and decisions of a call, made once
         # Registered now, outside any torch.compile trace (which cannot run the registration).
         self._ops = torch_library.ops_for(self.spec) if self._gradient and torch_library.available() else None
+        # The compiled launcher's table of this function's signatures (dualcast.native), made once the
+        # launcher is loaded; until then, and for the calls it does not take, the Python path below.
+        self._native = None
+        _functions.add(self)
+        if _native_enabled:
+            native.start()
 
     def __repr__(self):
         s = self.spec
@@ -62,6 +70,14 @@ class Elementwise:
                   for a in args]
             outs = self._ops[0](xs, _DTYPES[call.dtype])
             return outs[0] if self.spec.outputs == 1 else tuple(outs)
+        # A signature the compiled launcher knows runs there, key to autograd node (None: not known).
+        fn = self._native
+        if fn is not None:
+            outs = fn.call(args)
+            if outs is not None:
+                return outs
+        elif native.MODULE is not None and _native_enabled:
+            fn = self._native = native.MODULE.Function()
         # A model calls the function with the same kinds of arguments step after step: the checks, the
         # type promotion, the broadcast shape and the kernels are decided once per call signature (the
         # shape, dtype, device and requires_grad of each tensor, the type of each number, grad mode).
@@ -76,6 +92,8 @@ class Elementwise:
             if len(self._calls) >= _MAX_SIGNATURES:  # a model with ever new shapes: start again
                 self._calls.clear()
             self._calls[key] = call
+        if fn is not None and call.native:
+            self._hand_over(fn, call, args)
         # No tensor that wants a gradient from autograd (grad mode off, or none requires one): the
         # kernel alone, without an autograd node.
         run = _values if call.plain else _Function.apply
@@ -87,6 +105,20 @@ class Elementwise:
         else:
             outs = run(call, *args)
         return outs[0] if self.spec.outputs == 1 else outs
+
+    def _hand_over(self, fn, call, args):
+        """Gives the compiled launcher what this call decided, for the calls of its signature and
+        layout after it (the kernels' launches for these strides; the gradient kernel's per layout of
+        the incoming gradients, asked for by the backward)."""
+        s = call.spec
+        value = describe(call.value, call.shape, args, s.outputs, call.value.spec.n_partials)
+
+        def gradient_launch(xs, gs):
+            return describe(call.gradient, call.shape, list(xs) + list(gs), s.k, 0)
+
+        wanted_k = [s.differentiable.index(s.inputs[i]) for i in call.wanted]
+        fn.add(tuple(args), list(call.shape), value, s.outputs, s.k, not call.plain, call.wanted, wanted_k,
+               [i in call.reduce for i in call.wanted], gradient_launch if call.wanted else None)
 
     def _prepare(self, args):
         """The checks and decisions of a call with these kinds of arguments (raises on bad ones)."""
@@ -160,7 +192,7 @@ class _Call:
     node (plain: no tensor input wants a gradient)."""
 
     __slots__ = ("spec", "value", "gradient", "store", "shape", "dtype", "device", "wanted", "wanted_k",
-                 "input_shapes", "input_dtypes", "as_is", "plain", "reduce")
+                 "input_shapes", "input_dtypes", "as_is", "plain", "reduce", "native")
 
     def __init__(self, spec, kernels, shape, dtype, device, wanted, input_shapes, input_dtypes, plain):
         self.spec = spec
@@ -174,6 +206,11 @@ class _Call:
         # The wanted gradients that must be summed back to a broadcast input's shape or converted to
         # its dtype; the others are the gradient kernel's output as it is.
         self.reduce = [i for i in wanted if input_shapes[i] != shape or input_dtypes[i] != dtype]
+        # The compiled launcher takes the common calls: tensors only, all of the kernel's dtype, and
+        # either no autograd node or one whose backward is the gradient kernel. Numbers, conversions
+        # and stored partials stay on the Python path.
+        self.native = (self.value is not None and self.as_is and None not in input_shapes and
+                       (plain or (self.gradient is not None and bool(wanted))))
 
 
 # Call signatures remembered per function before the memory is cleared.
@@ -208,6 +245,27 @@ def _result_dtype(tensors):
         if higher:
             dtype = functools.reduce(torch.promote_types, higher)
     return dtype
+
+
+_native_enabled = True
+_functions = weakref.WeakSet()  # every Elementwise, for set_native
+
+
+def set_native(enabled):
+    """Whether calls may take the compiled launcher (True, the default, once dualcast.native has built
+    it). False sends every call through the Python launcher, to compare the two or measure the
+    difference; the signatures handed over so far are dropped when it is turned on again."""
+    global _native_enabled
+    _native_enabled = bool(enabled)
+    if _native_enabled:
+        native.start()
+    for f in list(_functions):
+        f._native = None
+
+
+def launcher():
+    """Which launcher calls take: 'compiled: <module>' or 'python: <why>' (dualcast.native)."""
+    return native.status() if _native_enabled else "python: dualcast.torch.set_native(False)"
 
 
 def elementwise(body, inputs, differentiable, outputs=1, partials="recompute"):

@@ -99,13 +99,23 @@ def value_kernel(spec, dtype_name, device):
     return compiled_kernel(spec, dtype_name, device)
 
 
+def plan_for(kernel, shape, inputs, n_out, n_partials):
+    """The launch of `kernel` over the broadcast `shape` for inputs of these shapes and strides (None:
+    an empty call on a GPU), made ready once per layout: a model's every step only reads addresses."""
+    key = (shape, tuple([(x.shape, x.stride()) for x in inputs]), n_out, n_partials)
+    return kernel.plans.by_layout(key, shape, lambda: [strides_over(x, shape) for x in inputs], n_out, n_partials)
+
+
+def describe(kernel, shape, inputs, n_out, n_partials):
+    """plan_for's launch as dualcast.native's compiled launcher takes it (its describe())."""
+    go = plan_for(kernel, shape, inputs, n_out, n_partials)
+    return ("none",) if go is None else go.describe()
+
+
 def launch(kernel, device, shape, inputs, outputs, partials):
     """One kernel over the broadcast `shape` (a tuple): inputs (of the kernel's dtype) through their
-    strides, contiguous outputs (None: not written). The launch is made ready once per layout (each
-    input's shape and strides as PyTorch gives them): a model's every step only reads addresses."""
-    key = (shape, tuple([(x.shape, x.stride()) for x in inputs]), len(outputs), len(partials))
-    go = kernel.plans.by_layout(key, shape, lambda: [strides_over(x, shape) for x in inputs], len(outputs),
-                                len(partials))
+    strides, contiguous outputs (None: not written)."""
+    go = plan_for(kernel, shape, inputs, len(outputs), len(partials))
     ins = [x.data_ptr() for x in inputs]
     outs = [o.data_ptr() if o is not None else 0 for o in outputs]
     parts = [p.data_ptr() if p is not None else 0 for p in partials]

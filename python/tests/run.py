@@ -28,6 +28,9 @@ def main():
     ap.add_argument("-k", default="", help="run only the tests whose name contains this")
     ap.add_argument("--module", default="", help="run only the tests of this file (test_NAME, without .py)")
     args = ap.parse_args()
+    # The compiled launcher (dualcast.native) built before the first call, so that every call after a
+    # signature's first takes it where it builds: the tests see one path, not a race with the build.
+    os.environ.setdefault("DUALCAST_NATIVE", "wait")
     own_cache = None
     if not os.environ.get("DUALCAST_CACHE_DIR"):
         own_cache = tempfile.mkdtemp(prefix="dualcast-jit-")

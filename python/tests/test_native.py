@@ -1,0 +1,246 @@
+"""The compiled launcher (dualcast.native, csrc/launcher.cpp) against the Python launcher it stands in
+for: the same kernels, so the same bits, for values and gradients on every broadcast pattern, several
+outputs, other strides, and the CPU and the GPU; the calls it leaves to Python; the in-place check and
+the errors. A signature's first call always takes the Python path (it decides what the compiled one
+replays), so each comparison calls twice and checks which path ran (Function.calls). Skips itself
+where PyTorch is not installed."""
+
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, HERE)
+
+os.environ.setdefault("DUALCAST_NATIVE", "wait")
+
+from skip import import_torch  # noqa: E402
+
+torch = import_torch()
+
+from dualcast import native  # noqa: E402
+from dualcast.torch import elementwise, launcher, set_native  # noqa: E402
+from test_torch import CELL_SRC, SHAPES, inputs  # noqa: E402
+
+
+def cuda_or_skip():
+    if not torch.cuda.is_available():
+        from skip import Skip
+        raise Skip("no CUDA device")
+
+
+def native_calls(f):
+    return f._native.calls if f._native is not None else 0
+
+
+def run(f, args, weights=None):
+    """f(*args), then a backward with fixed weights on each output: the outputs and every input's
+    gradient (None where it has none), the gradients cleared afterwards."""
+    outs = f(*args)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    loss = 0
+    for m, o in enumerate(outs):
+        w = weights[m] if weights is not None else torch.linspace(-1, 1, o.numel(), dtype=o.dtype,
+                                                                    device=o.device).reshape(o.shape)
+        if w is not None:
+            loss = loss + (o * w).sum()
+    if isinstance(loss, torch.Tensor) and loss.requires_grad:
+        loss.backward()
+    grads = [a.grad.clone() if isinstance(a, torch.Tensor) and a.grad is not None else None for a in args]
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            a.grad = None
+    return [o.detach().clone() for o in outs], grads
+
+
+def same_bits(a, b, what):
+    (oa, ga), (ob, gb) = a, b
+    for x, y in zip(oa, ob):
+        assert torch.equal(x, y), what
+    for x, y in zip(ga, gb):
+        assert (x is None) == (y is None), what
+        if x is not None:
+            assert torch.equal(x, y), (what, (x - y).abs().max())
+
+
+def compiled_equals_python(f, args, what, weights=None):
+    """The second call of args' signature runs compiled; the same call with set_native(False) runs
+    the Python launcher. Both give the same bits."""
+    run(f, args, weights)  # the signature's first call: the Python path, which hands it over
+    before = native_calls(f)
+    compiled = run(f, args, weights)
+    assert native_calls(f) == before + 1, ("the compiled launcher did not take the call", what)
+    set_native(False)
+    try:
+        python = run(f, args, weights)
+    finally:
+        set_native(True)
+    same_bits(compiled, python, what)
+    return compiled
+
+
+def test_the_compiled_launcher_builds_and_says_which_launcher_calls_take():
+    f = elementwise("return x * y;", inputs="x y", differentiable="x y")
+    assert native.module() is not None, launcher()
+    assert launcher().startswith("compiled: "), launcher()
+    set_native(False)
+    try:
+        assert launcher() == "python: dualcast.torch.set_native(False)", launcher()
+    finally:
+        set_native(True)
+    x = torch.ones(3)
+    f(x, x)
+    f(x, x)
+    assert native_calls(f) == 1
+
+
+def test_compiled_equals_python_bit_for_bit_on_every_broadcast_pattern():
+    cell = elementwise(CELL_SRC, inputs="z zb c f i g", differentiable="c f i g")
+    for dtype in (torch.float32, torch.float64):
+        for shapes in SHAPES:
+            compiled_equals_python(cell, inputs(shapes, dtype, seed=3), (dtype, shapes))
+
+
+def test_compiled_equals_python_on_other_strides_of_the_same_shapes():
+    # Transposed, sliced and expanded views: each layout is its own launch.
+    f = elementwise("if (x > y) return x * y; return x - 2 * y;", inputs="x y", differentiable="x y")
+    base = torch.randn(9, 8, dtype=torch.float64)
+    y = torch.randn(8, 9, dtype=torch.float64)
+    for x, yy in ((base, y.t()), (base.t().contiguous().t(), y.t()), (base[:, ::2], y.t()[:, 1::2]),
+                  (base[:1].expand(9, 8), y.t())):
+        x = x.detach().requires_grad_()
+        yy = yy.detach().requires_grad_()
+        compiled_equals_python(f, [x, yy], (x.stride(), yy.stride()))
+
+
+def test_several_outputs_and_an_output_without_gradient():
+    f = elementwise("return {x * y, sin(x) + y};", inputs="x y", differentiable="x y", outputs=2)
+    x = torch.randn(5, 6, requires_grad=True)
+    y = torch.randn(6, requires_grad=True)
+    compiled_equals_python(f, [x, y], "both outputs")
+    w = torch.linspace(-1, 1, 30).reshape(5, 6)
+    compiled_equals_python(f, [x, y], "the second output unused", weights=[None, w])
+    compiled_equals_python(f, [x, y], "the first output unused", weights=[w, None])
+
+
+def test_gradcheck_in_float64_through_the_compiled_launcher():
+    cell = elementwise(CELL_SRC, inputs="z zb c f i g", differentiable="c f i g")
+    for shapes in SHAPES:
+        args = inputs(shapes, torch.float64, seed=5)
+        cell(*args)  # hands the signature over: gradcheck's calls run compiled
+        before = native_calls(cell)
+        assert torch.autograd.gradcheck(lambda *a: cell(*a), args, eps=1e-6, atol=1e-7), shapes
+        assert native_calls(cell) > before, shapes
+
+
+def test_calls_the_compiled_launcher_leaves_to_python_still_work():
+    # A number among the inputs, inputs of two dtypes, stored partials and a gradient wanted only by
+    # an input that is not differentiated: the Python path, every time.
+    f = elementwise("return x * y + 1;", inputs="x y", differentiable="x")
+    x = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    for args in ([x, 2.0], [x, torch.ones(4, dtype=torch.float32)], [x.detach(), torch.ones(4, requires_grad=True)]):
+        for _ in range(2):
+            out = f(*args)
+        want = args[0] * (args[1] if isinstance(args[1], torch.Tensor) else torch.tensor(args[1])) + 1
+        torch.testing.assert_close(out, want.to(out.dtype), rtol=0, atol=1e-12)
+    assert native_calls(f) == 0
+    stored = elementwise("return x * y;", inputs="x y", differentiable="x y", partials="store")
+    y = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    for _ in range(2):
+        stored(x, y).sum().backward()
+    assert native_calls(stored) == 0
+    torch.testing.assert_close(x.grad, 2 * y.detach())
+
+
+def test_a_call_without_gradients_makes_no_autograd_node():
+    f = elementwise("return x * y;", inputs="x y", differentiable="x y")
+    x = torch.randn(3, requires_grad=True)
+    for _ in range(2):
+        with torch.no_grad():
+            out = f(x, x)
+    assert out.grad_fn is None and not out.requires_grad
+    for _ in range(2):
+        out = f(x, x)
+    assert out.grad_fn is not None and out.requires_grad
+    assert native_calls(f) == 2
+
+
+def test_a_backward_after_an_input_changed_in_place_is_refused_on_the_compiled_path():
+    f = elementwise("return x * y;", inputs="x y", differentiable="x")
+    x = torch.ones(3, requires_grad=True)
+    y = torch.full((3,), 2.0)
+    f(x, y)
+    out = f(x, y)
+    assert native_calls(f) == 1
+    y.add_(1.0)
+    try:
+        out.sum().backward()
+    except RuntimeError as e:
+        assert "modified by an inplace operation" in str(e), str(e)
+    else:
+        raise AssertionError("a backward on a changed input ran")
+
+
+def test_a_second_derivative_is_a_clear_error():
+    f = elementwise("return x * x;", inputs="x", differentiable="x")
+    x = torch.randn(3, requires_grad=True)
+    f(x)
+    out = f(x)
+    try:
+        torch.autograd.grad(out.sum(), x, create_graph=True)
+    except RuntimeError as e:
+        assert "no second derivatives" in str(e), str(e)
+    else:
+        raise AssertionError("create_graph=True gave a gradient without a derivative")
+    (g,) = torch.autograd.grad(f(x).sum(), x)  # still works afterwards
+    torch.testing.assert_close(g, 2 * x.detach())
+
+
+def test_the_backward_outlives_the_function_object():
+    # The autograd node holds what its backward needs, not the Elementwise that made it.
+    x = torch.randn(5, requires_grad=True)
+    f = elementwise("return exp(x);", inputs="x", differentiable="x")
+    f(x)
+    out = f(x)
+    del f
+    import gc
+    gc.collect()
+    out.sum().backward()
+    torch.testing.assert_close(x.grad, torch.exp(x.detach()))
+
+
+def test_empty_and_zero_dimensional_calls():
+    f = elementwise("return x * y;", inputs="x y", differentiable="x y")
+    for shape in ((0, 3), ()):
+        x = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+        y = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+        compiled_equals_python(f, [x, y], shape)
+
+
+def test_gpu_compiled_equals_python_and_the_cpu_bit_for_bit():
+    cuda_or_skip()
+    cell = elementwise(CELL_SRC, inputs="z zb c f i g", differentiable="c f i g")
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
+        for shapes in SHAPES + [[(257, 1), (257, 1), (257, 1030), (1030,), (257, 1030), (257, 1030)]]:
+            args = [a.detach().to("cuda").requires_grad_(a.requires_grad) for a in inputs(shapes, dtype, seed=7)]
+            compiled_equals_python(cell, args, ("cuda", dtype, shapes))
+
+
+def test_gpu_compiled_launches_on_the_current_stream():
+    # A side stream: the launch queues there, so a result read after that stream's work is right.
+    cuda_or_skip()
+    f = elementwise("return x * y + 1;", inputs="x y", differentiable="x y")
+    x = torch.randn(4096, 513, device="cuda", requires_grad=True)
+    y = torch.randn(513, device="cuda", requires_grad=True)
+    f(x, y)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            out = f(x, y)
+        out.sum().backward()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    assert native_calls(f) == 3
+    torch.testing.assert_close(out, x * y + 1)
+    torch.testing.assert_close(y.grad, x.detach().sum(0))
