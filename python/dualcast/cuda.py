@@ -16,7 +16,7 @@ import hashlib
 import os
 import threading
 
-from . import cuda_kernel, jit
+from . import cuda_kernel, jit, native
 
 SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nvrtc_include")
 THREADS = cuda_kernel.THREADS
@@ -352,12 +352,14 @@ _fast_walk = True
 def set_fast_walk(enabled):
     """Whether calls may take the fast walk (True, the default). False sends every call through the
     general walk, to compare the two bit for bit (tests/test_torch.py) or to measure the difference;
-    the call-shape plans made so far are dropped."""
+    the call-shape plans made so far are dropped, and the signatures handed to the compiled launcher
+    (dualcast.native) with them."""
     global _fast_walk
     with _lock:
         _fast_walk = bool(enabled)
         for k in _kernels.values():
             k.plans = jit.LaunchPlans(k.spec, k._launch)
+    native.plans_changed()  # the compiled launcher holds launches made from the old plans
 
 
 def compile_kernel(spec, dtype, device):

@@ -16,8 +16,10 @@ compiler's message, and leaves the Python launcher in place.
 """
 import hashlib
 import os
+import subprocess
 import sys
 import threading
+import time
 import warnings
 
 __all__ = ["status", "start", "module"]
@@ -85,30 +87,60 @@ def _cuda_include():
     return inc if inc and os.path.isfile(os.path.join(inc, "cuda_runtime_api.h")) else None
 
 
+def _spec():
+    """(name, build folder, with_cuda) of the launcher for the PyTorch in use."""
+    import torch
+    with_cuda = bool(torch.version.cuda) and _cuda_include() is not None
+    with open(_SOURCE, "rb") as f:
+        source = f.read()
+    tag = hashlib.sha256(repr((source, torch.__version__, sys.version, with_cuda)).encode()).hexdigest()[:16]
+    name = "dualcast_native_" + tag
+    return name, os.path.join(build_dir(), name), with_cuda
+
+
+def _load(name, where, with_cuda):
+    from torch.utils import cpp_extension
+    flags = ["-O2"] + (["-DDUALCAST_NATIVE_CUDA"] if with_cuda else [])
+    # No .cu file is compiled, but with_cuda asks for an architecture list, which a machine without
+    # a GPU cannot answer.
+    arch = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    if with_cuda and not arch:
+        os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0"
+    try:
+        return cpp_extension.load(name=name, sources=[_SOURCE], extra_cflags=flags, build_directory=where,
+                                  with_cuda=with_cuda, verbose=False)
+    finally:
+        if with_cuda and not arch:
+            os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
+
+
+# A lock file older than this is a build that died.
+_STALE_LOCK_S = 900
+
+
 def _build():
     global MODULE, _error
     try:
         import torch
-        from torch.utils import cpp_extension
-        with_cuda = bool(torch.version.cuda) and _cuda_include() is not None
-        with open(_SOURCE, "rb") as f:
-            source = f.read()
-        tag = hashlib.sha256(repr((source, torch.__version__, sys.version, with_cuda)).encode()).hexdigest()[:16]
-        name = "dualcast_native_" + tag
-        where = os.path.join(build_dir(), name)
+        name, where, with_cuda = _spec()
         os.makedirs(where, exist_ok=True)
-        flags = ["-O2"] + (["-DDUALCAST_NATIVE_CUDA"] if with_cuda else [])
-        # No .cu file is compiled, but with_cuda asks for an architecture list, which a machine without
-        # a GPU cannot answer.
-        arch = os.environ.get("TORCH_CUDA_ARCH_LIST")
-        if with_cuda and not arch:
-            os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0"
-        try:
-            mod = cpp_extension.load(name=name, sources=[_SOURCE], extra_cflags=flags, build_directory=where,
-                                     with_cuda=with_cuda, verbose=False)
-        finally:
-            if with_cuda and not arch:
-                os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
+        if not os.path.isfile(os.path.join(where, name + ".so")):
+            from torch.utils import cpp_extension
+            lock = os.path.join(where, "lock")
+            # PyTorch 1.13 and 2.11 lock by the lock file's existence (FileBaton), so a build
+            # killed midway blocks every later one; 2.15 holds an OS lock on a file that stays.
+            if (hasattr(cpp_extension, "FileBaton") and os.path.exists(lock) and
+                    time.time() - os.path.getmtime(lock) > _STALE_LOCK_S):
+                os.remove(lock)
+            # A child process builds it, so that the build finishes (and releases its lock) even if
+            # this process ends first: a short script must not leave a half-made build behind.
+            here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+            r = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, %r)\n"
+                                "from dualcast import native; native._load(*native._spec())" % here],
+                               capture_output=True, text=True)
+            if r.returncode != 0:
+                raise RuntimeError((r.stderr or r.stdout or "exit status %d" % r.returncode).strip())
+        mod = _load(name, where, with_cuda)
         if with_cuda and torch.cuda.is_available():
             from . import cuda
             import ctypes
@@ -121,6 +153,20 @@ def _build():
                            addr(cu.cuGetErrorName))
         MODULE = mod
     except Exception as e:  # any failure leaves the Python launcher, said once
-        text = str(e).strip().splitlines()
+        text = [t for t in str(e).strip().splitlines() if t.strip()]
         _error = "the compiled launcher did not build: %s" % (" | ".join(text[-6:]) if text else type(e).__name__)
         warnings.warn("dualcast: %s; calls take the Python launcher (slower)" % _error, RuntimeWarning)
+
+
+_listeners = []
+
+
+def on_plans_changed(fn):
+    """fn() is called when launch plans made so far no longer hold (dualcast.cuda.set_fast_walk):
+    dualcast.torch drops the signatures it handed to the compiled launcher."""
+    _listeners.append(fn)
+
+
+def plans_changed():
+    for fn in _listeners:
+        fn()

@@ -259,8 +259,15 @@ def set_native(enabled):
     _native_enabled = bool(enabled)
     if _native_enabled:
         native.start()
+    _drop_native_tables()
+
+
+def _drop_native_tables():
     for f in list(_functions):
         f._native = None
+
+
+native.on_plans_changed(_drop_native_tables)
 
 
 def launcher():

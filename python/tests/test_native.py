@@ -244,3 +244,41 @@ def test_gpu_compiled_launches_on_the_current_stream():
     assert native_calls(f) == 3
     torch.testing.assert_close(out, x * y + 1)
     torch.testing.assert_close(y.grad, x.detach().sum(0))
+
+
+def test_a_launcher_that_cannot_be_built_leaves_the_python_launcher_and_says_why():
+    # In a fresh process whose build folder cannot be made: a warning, launcher() says why, and the
+    # function works through Python.
+    import subprocess
+    code = ("import sys, warnings; sys.path.insert(0, %r)\n"
+            "import torch\n"
+            "from dualcast.torch import elementwise, launcher\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n"
+            "    f = elementwise('return x * 2;', inputs='x', differentiable='x')\n"
+            "print(launcher())\n"
+            "print(any('did not build' in str(x.message) for x in w))\n"
+            "print(f(torch.ones(2)).tolist(), f(torch.ones(2)).tolist())\n") % os.path.join(HERE, "..")
+    env = dict(os.environ, DUALCAST_NATIVE="wait", DUALCAST_NATIVE_DIR="/proc/dualcast-cannot-be-made")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert lines[-3].startswith("python: the compiled launcher did not build: "), lines
+    assert lines[-2] == "True" and lines[-1] == "[2.0, 2.0] [2.0, 2.0]", lines
+
+
+def test_an_unknown_launcher_mode_is_a_clear_error():
+    old = os.environ.get("DUALCAST_NATIVE")
+    os.environ["DUALCAST_NATIVE"] = "sometimes"
+    try:
+        elementwise("return x;", inputs="x", differentiable="x")
+    except ValueError as e:
+        assert "DUALCAST_NATIVE must be auto, wait or off, not 'sometimes'" in str(e), str(e)
+    else:
+        raise AssertionError("no error for DUALCAST_NATIVE=sometimes")
+    finally:
+        if old is None:
+            os.environ.pop("DUALCAST_NATIVE", None)
+        else:
+            os.environ["DUALCAST_NATIVE"] = old
+    assert elementwise("return x;", inputs="x", differentiable="x")(torch.ones(1)).tolist() == [1.0]
