@@ -218,8 +218,16 @@ def test_a_backward_after_an_input_changed_in_place_is_refused():
     # The recompute policy evaluates the body again on the inputs: PyTorch's saved-tensor check
     # must see them, so that a changed input is an error rather than a wrong gradient.
     f = elementwise("return x * y;", inputs="x y", differentiable="x")
+    expect_a_changed_input_refused(f, calls_before=0)
+
+
+def expect_a_changed_input_refused(f, calls_before):
+    """f(x, y) after calls_before calls of the same signature, then y changed in place: the backward
+    is an error (test_native calls it after one call, so that the compiled launcher takes it)."""
     x = torch.ones(3, requires_grad=True)
     y = torch.full((3,), 2.0)
+    for _ in range(calls_before):
+        f(x, y)
     out = f(x, y)
     y.add_(1.0)
     try:
