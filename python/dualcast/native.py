@@ -27,6 +27,7 @@ __all__ = ["status", "start", "module"]
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "launcher.cpp")
 
 MODULE = None  # the loaded extension module, once built (read on every call: a plain global)
+CUDA_READY = False  # its CUDA half is built and has the driver's entry points: it takes CUDA calls
 _error = None  # why there is none: the build's failure, or the mode
 _thread = None
 _lock = threading.Lock()
@@ -47,7 +48,10 @@ def build_dir():
 def status():
     """'compiled: <module file>', or 'python: <why>' (building, off, or the build's error)."""
     if MODULE is not None:
-        return "compiled: %s" % getattr(MODULE, "__file__", "?")
+        torch = sys.modules.get("torch")
+        gpu = torch is not None and torch.cuda.is_available()
+        return "compiled: %s%s" % (getattr(MODULE, "__file__", "?"), " (CPU calls; CUDA calls take the Python "
+                                   "launcher)" if gpu and not CUDA_READY else "")
     if _error is not None:
         return "python: %s" % _error
     if _thread is not None and _thread.is_alive():
@@ -82,66 +86,98 @@ def module():
 
 def _cuda_include():
     from . import cuda
-    home = cuda.cuda_home()
-    inc = os.path.join(home, "include") if home else None
-    return inc if inc and os.path.isfile(os.path.join(inc, "cuda_runtime_api.h")) else None
+    try:
+        home = cuda.cuda_home()
+    except RuntimeError:  # no CUDA toolkit: a CPU-only launcher
+        return None
+    inc = os.path.join(home, "include")
+    return inc if os.path.isfile(os.path.join(inc, "cuda_runtime_api.h")) else None
 
 
-def _spec():
-    """(name, build folder, with_cuda) of the launcher for the PyTorch in use."""
+def _spec(with_cuda):
+    """(name, build folder) of the launcher for the PyTorch in use, with or without its CUDA half."""
     import torch
-    with_cuda = bool(torch.version.cuda) and _cuda_include() is not None
     with open(_SOURCE, "rb") as f:
         source = f.read()
     tag = hashlib.sha256(repr((source, torch.__version__, sys.version, with_cuda)).encode()).hexdigest()[:16]
     name = "dualcast_native_" + tag
-    return name, os.path.join(build_dir(), name), with_cuda
+    return name, os.path.join(build_dir(), name)
 
 
-def _load(name, where, with_cuda):
+def _compile(name, where, with_cuda):
+    """Builds the launcher (run in a child process by _build_in_child)."""
     from torch.utils import cpp_extension
     flags = ["-O2"] + (["-DDUALCAST_NATIVE_CUDA"] if with_cuda else [])
+    cpp_extension.load(name=name, sources=[_SOURCE], extra_cflags=flags, build_directory=where,
+                       with_cuda=with_cuda, verbose=False)
+
+
+# A lock file older than this is a build that died; a build that takes longer than _BUILD_S failed.
+_STALE_LOCK_S = 300
+_BUILD_S = 1200
+
+
+def _build_in_child(name, where, with_cuda):
+    """The launcher's library, built by a child process if it is not there yet: the build finishes (and
+    releases its lock) even if this process ends first, so a short script leaves no half-made build."""
+    so = os.path.join(where, name + ".so")
+    os.makedirs(where, exist_ok=True)
+    lock = os.path.join(where, "lock")
+    # PyTorch 1.13 and 2.11 lock by the lock file's existence (FileBaton), so a build killed midway
+    # would make every later one wait forever; 2.15 holds an OS lock on a file that stays.
+    from torch.utils import cpp_extension
+    if hasattr(cpp_extension, "FileBaton"):
+        while not os.path.isfile(so) and os.path.exists(lock):
+            try:
+                if time.time() - os.path.getmtime(lock) > _STALE_LOCK_S:
+                    os.replace(lock, lock + ".stale")  # one process takes it away; the others see it gone
+                    continue
+            except OSError:  # released or taken away meanwhile
+                continue
+            time.sleep(0.5)
+    if os.path.isfile(so):
+        return so
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     # No .cu file is compiled, but with_cuda asks for an architecture list, which a machine without
-    # a GPU cannot answer.
-    arch = os.environ.get("TORCH_CUDA_ARCH_LIST")
-    if with_cuda and not arch:
-        os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0"
-    try:
-        return cpp_extension.load(name=name, sources=[_SOURCE], extra_cflags=flags, build_directory=where,
-                                  with_cuda=with_cuda, verbose=False)
-    finally:
-        if with_cuda and not arch:
-            os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
+    # a GPU cannot answer: set for the child only.
+    env = dict(os.environ)
+    if with_cuda and not env.get("TORCH_CUDA_ARCH_LIST"):
+        env["TORCH_CUDA_ARCH_LIST"] = "9.0"
+    r = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, %r)\n"
+                        "from dualcast import native; native._compile(%r, %r, %r)" % (here, name, where, with_cuda)],
+                       capture_output=True, text=True, env=env, timeout=_BUILD_S)
+    if r.returncode != 0 or not os.path.isfile(so):
+        raise RuntimeError((r.stderr or r.stdout or "exit status %d" % r.returncode).strip())
+    return so
 
 
-# A lock file older than this is a build that died.
-_STALE_LOCK_S = 900
+def _import(name, so):
+    """The built library, imported as a module (PyTorch's own loader would take its build lock)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, so)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def _build():
-    global MODULE, _error
+    global MODULE, CUDA_READY, _error
     try:
         import torch
-        name, where, with_cuda = _spec()
-        os.makedirs(where, exist_ok=True)
-        if not os.path.isfile(os.path.join(where, name + ".so")):
-            from torch.utils import cpp_extension
-            lock = os.path.join(where, "lock")
-            # PyTorch 1.13 and 2.11 lock by the lock file's existence (FileBaton), so a build
-            # killed midway blocks every later one; 2.15 holds an OS lock on a file that stays.
-            if (hasattr(cpp_extension, "FileBaton") and os.path.exists(lock) and
-                    time.time() - os.path.getmtime(lock) > _STALE_LOCK_S):
-                os.remove(lock)
-            # A child process builds it, so that the build finishes (and releases its lock) even if
-            # this process ends first: a short script must not leave a half-made build behind.
-            here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-            r = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, %r)\n"
-                                "from dualcast import native; native._load(*native._spec())" % here],
-                               capture_output=True, text=True)
-            if r.returncode != 0:
-                raise RuntimeError((r.stderr or r.stdout or "exit status %d" % r.returncode).strip())
-        mod = _load(name, where, with_cuda)
-        if with_cuda and torch.cuda.is_available():
+        with_cuda = bool(torch.version.cuda) and _cuda_include() is not None
+        try:
+            name, where = _spec(with_cuda)
+            mod = _import(name, _build_in_child(name, where, with_cuda))
+        except Exception as e:
+            if not with_cuda:
+                raise
+            # The CUDA half did not build (headers of another CUDA, say): the CPU half, said once.
+            warnings.warn("dualcast: the compiled launcher's CUDA half did not build (%s); CUDA calls take "
+                          "the Python launcher" % _last_lines(e), RuntimeWarning)
+            with_cuda = False
+            name, where = _spec(False)
+            mod = _import(name, _build_in_child(name, where, False))
+        if with_cuda and mod.cuda and torch.cuda.is_available():
             from . import cuda
             import ctypes
             cu = cuda.driver()
@@ -151,11 +187,16 @@ def _build():
 
             mod.set_driver(addr(cu.cuCtxPushCurrent_v2), addr(cu.cuCtxPopCurrent_v2), addr(cu.cuLaunchKernel),
                            addr(cu.cuGetErrorName))
+            CUDA_READY = True
         MODULE = mod
     except Exception as e:  # any failure leaves the Python launcher, said once
-        text = [t for t in str(e).strip().splitlines() if t.strip()]
-        _error = "the compiled launcher did not build: %s" % (" | ".join(text[-6:]) if text else type(e).__name__)
+        _error = "the compiled launcher did not build: %s" % _last_lines(e)
         warnings.warn("dualcast: %s; calls take the Python launcher (slower)" % _error, RuntimeWarning)
+
+
+def _last_lines(e):
+    text = [t for t in str(e).strip().splitlines() if t.strip()]
+    return " | ".join(text[-6:]) if text else type(e).__name__
 
 
 _listeners = []

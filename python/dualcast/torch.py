@@ -210,7 +210,8 @@ class _Call:
         # either no autograd node or one whose backward is the gradient kernel. Numbers, conversions
         # and stored partials stay on the Python path.
         self.native = (self.value is not None and self.as_is and None not in input_shapes and
-                       (plain or (self.gradient is not None and bool(wanted))))
+                       (plain or (self.gradient is not None and bool(wanted))) and
+                       (device.type == "cpu" or native.CUDA_READY))
 
 
 # Call signatures remembered per function before the memory is cleared.

@@ -171,19 +171,86 @@ def test_a_backward_after_an_input_changed_in_place_is_refused_on_the_compiled_p
     assert native_calls(f) == 1
 
 
-def test_a_second_derivative_is_a_clear_error():
+def test_create_graph_gives_the_first_derivative_and_a_second_one_is_a_clear_error():
+    # As the Python path's once_differentiable: with create_graph=True and an incoming gradient that
+    # wants a gradient itself, the first derivative, and an error only when it is differentiated.
     f = elementwise("return x * x;", inputs="x", differentiable="x")
     x = torch.randn(3, requires_grad=True)
-    f(x)
-    out = f(x)
-    try:
-        torch.autograd.grad(out.sum(), x, create_graph=True)
-    except RuntimeError as e:
-        assert "no second derivatives" in str(e), str(e)
-    else:
-        raise AssertionError("create_graph=True gave a gradient without a derivative")
+    v = torch.ones(3, requires_grad=True)
+    for compiled in (True, False):
+        set_native(compiled)
+        try:
+            f(x)
+            before = native_calls(f)
+            (g,) = torch.autograd.grad(f(x), x, v, create_graph=True)
+            assert native_calls(f) == before + compiled
+            torch.testing.assert_close(g, 2 * x.detach())
+            assert g.requires_grad
+            try:
+                g.sum().backward()
+            except RuntimeError as e:
+                want = "a second derivative" if compiled else "once_differentiable"
+                assert want in str(e), str(e)
+            else:
+                raise AssertionError("a second derivative through the gradient kernel ran")
+        finally:
+            set_native(True)
     (g,) = torch.autograd.grad(f(x).sum(), x)  # still works afterwards
     torch.testing.assert_close(g, 2 * x.detach())
+
+
+def test_saved_inputs_given_back_in_another_layout_read_right():
+    # A saved-tensor hook may give the inputs back in another layout (a contiguous copy of a
+    # transposed or expanded view): the gradient kernel's launch follows the layout it is given.
+    f = elementwise("return x * y;", inputs="x y", differentiable="x y")
+    for make in (lambda: torch.randn(6, 5, dtype=torch.float64).t(),
+                 lambda: torch.randn(1, 7, dtype=torch.float64).expand(5, 7)):
+        x = make().requires_grad_()
+        y = torch.randn(x.shape, dtype=torch.float64, requires_grad=True)
+        want = [y.detach().clone(), x.detach().clone()]
+        for hooked in (False, True, False):  # two calls each, the first of all on the Python path
+            f(x, y)  # the signature handed over (the first time)
+            if hooked:
+                with torch.autograd.graph.saved_tensors_hooks(lambda t: t.contiguous().clone(), lambda t: t):
+                    out = f(x, y)
+            else:
+                out = f(x, y)
+            gx, gy = torch.autograd.grad(out.sum(), [x, y])
+            torch.testing.assert_close(gx, want[0], rtol=0, atol=0)
+            torch.testing.assert_close(gy, want[1], rtol=0, atol=0)
+    assert native_calls(f) == 2 * (3 * 2 - 1)
+
+
+def test_backward_passes_on_several_threads_with_new_gradient_layouts():
+    # The gradient launches are kept per layout and dropped when there are many: a launch in use on
+    # one thread must outlive another thread's clearing (run long enough to clear many times).
+    import threading
+    f = elementwise("return x * y + x;", inputs="x y", differentiable="x y")
+    x = torch.randn(64, 64, requires_grad=True)
+    y = torch.randn(64, 64, requires_grad=True)
+    f(x, y)
+    errors = []
+
+    def work(seed):
+        gen = torch.Generator().manual_seed(seed)
+        try:
+            for k in range(150):
+                out = f(x, y)
+                base = torch.randn(64 * (64 + 40), generator=gen)
+                g = base.as_strided((64, 64), (64 + (k % 40 if seed % 2 else 0), 1))
+                gx, gy = torch.autograd.grad(out, [x, y], g)
+                if not (torch.equal(gx, g * (y.detach() + 1)) and torch.equal(gy, g * x.detach())):
+                    errors.append(seed)
+        except Exception as e:  # reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+    assert native_calls(f) == 6 * 150
 
 
 def test_the_backward_outlives_the_function_object():

@@ -8,8 +8,10 @@
 // time, most of it interpreter work around a launch of a few microseconds (python/README.md).
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -186,11 +188,12 @@ struct Entry : torch::CustomClassHolder {
   std::vector<std::vector<std::int64_t>> input_shapes;
   py::object gradient_launch;  // (xs, grads) -> describe(): the gradient kernel's launch for a layout
   std::mutex mutex;            // guards gradient (backward passes may run on several threads)
-  std::unordered_map<Key, Launch, KeyHash> gradient;
+  // Shared, so that a launch in use stays alive when another thread's miss clears the map.
+  std::unordered_map<Key, std::shared_ptr<const Launch>, KeyHash> gradient;
 
   ~Entry() override {
     // The last reference may go on a thread without the GIL (the autograd engine's).
-    if (gradient_launch && Py_IsInitialized()) {
+    if (gradient_launch && Py_IsInitialized() && !finalizing()) {
       py::gil_scoped_acquire gil;
       gradient_launch = py::object();
     } else {
@@ -198,22 +201,34 @@ struct Entry : torch::CustomClassHolder {
     }
   }
 
-  const Launch& gradient_for(const variable_list& xs, const variable_list& gs) {
+  static bool finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+    return Py_IsFinalizing();
+#else
+    return _Py_IsFinalizing();
+#endif
+  }
+
+  // The gradient kernel's launch for the layouts of the saved inputs (a saved-tensor hook may give
+  // them back in another layout than the forward's) and of the incoming gradients.
+  std::shared_ptr<const Launch> gradient_for(const variable_list& xs, const variable_list& gs) {
     Key key;
+    for (const auto& x : xs) append_layout(key, x);
     for (const auto& g : gs) append_layout(key, g);
     {
       std::lock_guard<std::mutex> lock(mutex);
       auto it = gradient.find(key);
       if (it != gradient.end()) return it->second;
     }
-    Launch l;
+    std::shared_ptr<const Launch> l;
     {
       py::gil_scoped_acquire gil;
-      l = Launch::from(gradient_launch(xs, gs).cast<py::tuple>());
+      l = std::make_shared<const Launch>(Launch::from(gradient_launch(xs, gs).cast<py::tuple>()));
     }
     std::lock_guard<std::mutex> lock(mutex);
     if (gradient.size() >= 64) gradient.clear();  // ever new gradient layouts: start again
-    return gradient.emplace(std::move(key), std::move(l)).first->second;
+    gradient[std::move(key)] = l;
+    return l;
   }
 };
 
@@ -245,6 +260,35 @@ struct EntryArg {
   c10::intrusive_ptr<Entry> entry;
 };
 
+// The gradients of a backward with create_graph=True: the same tensors, with a node whose backward
+// (a second derivative through the gradient kernel) is an error that says so.
+struct NoSecondDerivative : public torch::autograd::Function<NoSecondDerivative> {
+  static variable_list forward(AutogradContext*, at::TensorList results, at::TensorList) {
+    return results.vec();
+  }
+  static variable_list backward(AutogradContext*, variable_list) {
+    TORCH_CHECK(false, "dualcast.elementwise: a second derivative: the gradient kernel's results have no "
+                "derivative of their own (the first derivative with create_graph=True is given)");
+  }
+  // The defined results, each connected to the incoming gradients (which want a gradient).
+  static variable_list wrap(const variable_list& result, const variable_list& incoming) {
+    std::vector<std::size_t> at;
+    variable_list defined;
+    for (std::size_t i = 0; i < result.size(); ++i)
+      if (result[i].defined()) {
+        at.push_back(i);
+        defined.push_back(result[i]);
+      }
+    variable_list inputs;
+    for (const auto& g : incoming)
+      if (g.defined()) inputs.push_back(g);
+    const auto wrapped = apply(at::TensorList(defined), at::TensorList(inputs));
+    variable_list out(result.size());
+    for (std::size_t j = 0; j < at.size(); ++j) out[at[j]] = wrapped[j];
+    return out;
+  }
+};
+
 // The autograd node of a call: its backward is the gradient kernel over the saved inputs and the
 // incoming gradients, each wanted gradient summed back to its input's shape.
 struct ElementwiseFunction : public torch::autograd::Function<ElementwiseFunction> {
@@ -259,35 +303,43 @@ struct ElementwiseFunction : public torch::autograd::Function<ElementwiseFunctio
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto entry = c10::static_intrusive_pointer_cast<Entry>(ctx->saved_data["entry"].toCapsule());
     Entry& e = *entry;
-    TORCH_CHECK(!torch::autograd::GradMode::is_enabled(),
-                "dualcast.elementwise: a backward with create_graph=True: the gradient kernel's results "
-                "have no derivative of their own (no second derivatives)");
-    const variable_list xs = ctx->get_saved_variables();
-    at::Tensor zero;
-    for (auto& g : grads) {
-      if (!g.defined()) {
-        if (!zero.defined()) zero = at::zeros({}, e.options);
-        g = zero;
-      } else if (g.scalar_type() != e.options.dtype().toScalarType()) {
-        g = g.to(e.options.dtype());
+    // With create_graph=True the gradients are computed as always, and differentiating them again
+    // is the error (as torch.autograd.function.once_differentiable does on the Python path).
+    const bool graph = torch::autograd::GradMode::is_enabled() &&
+                       std::any_of(grads.begin(), grads.end(), [](const at::Tensor& g) {
+                         return g.defined() && g.requires_grad();
+                       });
+    const variable_list incoming = grads;
+    variable_list result(1 + e.n_in);  // the entry first: not a tensor, no gradient
+    {
+      at::NoGradGuard no_grad;
+      const variable_list xs = ctx->get_saved_variables();
+      at::Tensor zero;
+      for (auto& g : grads) {
+        if (!g.defined()) {
+          if (!zero.defined()) zero = at::zeros({}, e.options);
+          g = zero;
+        } else if (g.scalar_type() != e.options.dtype().toScalarType()) {
+          g = g.to(e.options.dtype());
+        }
+      }
+      const auto launch = e.gradient_for(xs, grads);
+      std::vector<std::int64_t> ins, full_addr(e.k, 0);
+      for (const auto& x : xs) ins.push_back(address(x));
+      for (const auto& g : grads) ins.push_back(address(g));
+      variable_list full(e.k);
+      for (auto j : e.wanted_k) {
+        full[j] = at::empty(e.shape, e.options);
+        full_addr[j] = address(full[j]);
+      }
+      (*launch)(ins.data(), full_addr.data(), nullptr, 0, current_stream(e.options.device()));
+      for (std::size_t w = 0; w < e.wanted.size(); ++w) {
+        at::Tensor g = full[e.wanted_k[w]];
+        if (e.reduce[w]) g = g.sum_to_size(e.input_shapes[e.wanted[w]]);
+        result[1 + e.wanted[w]] = g;
       }
     }
-    const Launch& launch = e.gradient_for(xs, grads);
-    std::vector<std::int64_t> ins, full_addr(e.k, 0);
-    for (const auto& x : xs) ins.push_back(address(x));
-    for (const auto& g : grads) ins.push_back(address(g));
-    variable_list full(e.k);
-    for (auto j : e.wanted_k) {
-      full[j] = at::empty(e.shape, e.options);
-      full_addr[j] = address(full[j]);
-    }
-    launch(ins.data(), full_addr.data(), nullptr, 0, current_stream(e.options.device()));
-    variable_list result(1 + e.n_in);  // the entry first: not a tensor, no gradient
-    for (std::size_t w = 0; w < e.wanted.size(); ++w) {
-      at::Tensor g = full[e.wanted_k[w]];
-      if (e.reduce[w]) g = g.sum_to_size(e.input_shapes[e.wanted[w]]);
-      result[1 + e.wanted[w]] = g;
-    }
+    if (graph) result = NoSecondDerivative::wrap(result, incoming);
     return result;
   }
 };
@@ -307,16 +359,23 @@ class Function {
     auto it = entries_.find(key);
     if (it == entries_.end()) return py::none();
     ++calls_;
-    Entry& e = *it->second;
+    const c10::intrusive_ptr<Entry> keep = it->second;  // add() may clear the table meanwhile
+    Entry& e = *keep;
 #ifdef DUALCAST_NATIVE_CUDA
     c10::cuda::OptionalCUDAGuard guard;
     if (e.options.device().is_cuda()) guard.set_device(e.options.device());
 #endif
     variable_list outs;
-    if (e.autograd) {
-      outs = ElementwiseFunction::apply(EntryArg{it->second}, at::TensorList(xs));
-    } else {
-      outs = run_values(e, xs);
+    {
+      // A CPU kernel runs here, so other Python threads run meanwhile (as ctypes lets them); a GPU
+      // launch is queued in microseconds and keeps the GIL.
+      std::unique_ptr<py::gil_scoped_release> released;  // (C++14: PyTorch 1.13 builds with it)
+      if (!e.options.device().is_cuda()) released.reset(new py::gil_scoped_release);
+      if (e.autograd) {
+        outs = ElementwiseFunction::apply(EntryArg{keep}, at::TensorList(xs));
+      } else {
+        outs = run_values(e, xs);
+      }
     }
     if (e.n_out == 1) return py::cast(outs[0]);
     py::tuple t(outs.size());
