@@ -34,6 +34,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "experiments", "peers"))
 sys.path.insert(0, os.path.join(ROOT, "python"))
+# The compiled launcher (dualcast.native) loaded before the first step, so that every timed step takes it.
+os.environ.setdefault("DUALCAST_NATIVE", "wait")
 
 import hmlstm  # noqa: E402  (the peers' backend-generic model)
 from peer_torch import DUALCAST_CELL_B, TorchOps  # noqa: E402
@@ -203,6 +205,10 @@ def main():
         for a, b in zip(runs[0]["curve"], r["curve"]):
             worst = max(worst, abs(a["valid_bpc"] - b["valid_bpc"]))
     for r in runs:
+        if r["cell"] == "dualcast":  # which launcher its calls took (dualcast.native)
+            from dualcast.torch import launcher
+            r["launcher"] = launcher()
+            print("train_hmlstm: dualcast launcher: %s" % r["launcher"])
         print("train_hmlstm: %-8s %.2f ms/step, final validation %.4f bits/char" % (
             r["cell"], r["ms_per_step"], r["curve"][-1]["valid_bpc"]))
     print("train_hmlstm: largest difference between the cells' validation curves: %.2e bits/char" % worst)

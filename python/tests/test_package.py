@@ -40,10 +40,13 @@ def test_the_installed_package_compiles_a_kernel_from_any_folder():
                             "--target", target, src], capture_output=True, text=True, cwd=work)
         assert r.returncode == 0, r.stdout + r.stderr
         assert os.path.isfile(os.path.join(target, "dualcast", "include", "dualcast", "dual.hpp"))
-        code = ("from dualcast import jit\n"
+        # The compiled launcher's source travels with the package (dualcast.native builds it at run time).
+        assert os.path.isfile(os.path.join(target, "dualcast", "csrc", "launcher.cpp"))
+        code = ("from dualcast import jit, native\n"
                 "assert jit.include_dir().startswith(%r), jit.include_dir()\n"
+                "assert native._SOURCE.startswith(%r) and __import__('os').path.isfile(native._SOURCE)\n"
                 "k = jit.compile_kernel(jit.Spec('return x * x;', 'x', 'x'), 'float64')\n"
-                "print('ok')\n") % target
+                "print('ok')\n") % (target, target)
         env = dict(os.environ, PYTHONPATH=target, DUALCAST_CACHE_DIR=os.path.join(tmp, "cache"))
         env.pop("DUALCAST_INCLUDE_DIR", None)
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=work, env=env)
