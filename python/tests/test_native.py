@@ -96,7 +96,7 @@ def test_the_compiled_launcher_builds_and_says_which_launcher_calls_take():
 
 def test_compiled_equals_python_bit_for_bit_on_every_broadcast_pattern():
     cell = elementwise(CELL_SRC, inputs="z zb c f i g", differentiable="c f i g")
-    for dtype in (torch.float32, torch.float64):
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
         for shapes in SHAPES:
             compiled_equals_python(cell, inputs(shapes, dtype, seed=3), (dtype, shapes))
 
