@@ -295,7 +295,7 @@ class _Launch:
     """One call shape of a Kernel, coalesced and checked: the shape and strides packed once, the
     addresses per call."""
 
-    __slots__ = ("_run", "_keep", "_nd", "_shape", "_strides", "_nin", "_nout", "_type")
+    __slots__ = ("_run", "_keep", "_nd", "_shape", "_strides", "_nin", "_nout", "_npart", "_type")
 
     def __init__(self, run, shape, in_strides, n_out, n_partials):
         nd = len(shape)
@@ -303,16 +303,15 @@ class _Launch:
         c_strides = (ctypes.c_int64 * max(len(in_strides) * nd, 1))(*[x for st in in_strides for x in st])
         self._run, self._keep, self._nd = run, (c_shape, c_strides), nd
         self._shape, self._strides = ctypes.addressof(c_shape), ctypes.addressof(c_strides)
-        self._nin, self._nout = len(in_strides), n_out
-        self._type = ctypes.c_int64 * (_ARGS_WORDS + len(in_strides) + n_out + max(n_partials, 1))
+        self._nin, self._nout, self._npart = len(in_strides), n_out, max(n_partials, 1)
+        self._type = ctypes.c_int64 * (_ARGS_WORDS + self._nin + n_out + self._npart)
 
     def describe(self):
         """This launch for dualcast.native's compiled launcher (csrc/launcher.cpp, Launch::from):
         the entry point's address, the coalesced shape and strides, the address counts, threads."""
         nin = self._nin
         return ("cpu", ctypes.cast(self._run, ctypes.c_void_p).value, list(self._keep[0])[:self._nd],
-                list(self._keep[1])[:nin * self._nd], nin, self._nout,
-                self._type._length_ - _ARGS_WORDS - nin - self._nout, _CPUS)
+                list(self._keep[1])[:nin * self._nd], nin, self._nout, self._npart, _CPUS)
 
     def __call__(self, inputs, outputs, partials, threads=0):
         a = self._type(self._nd, self._shape, 0, self._strides, 0, 0, threads if threads > 0 else _CPUS,

@@ -84,14 +84,14 @@ def module():
     return MODULE
 
 
-def _cuda_include():
+def _cuda_headers():
+    """Whether a CUDA toolkit's runtime headers are there (the launcher's CUDA half includes them)."""
     from . import cuda
     try:
         home = cuda.cuda_home()
     except RuntimeError:  # no CUDA toolkit: a CPU-only launcher
-        return None
-    inc = os.path.join(home, "include")
-    return inc if os.path.isfile(os.path.join(inc, "cuda_runtime_api.h")) else None
+        return False
+    return os.path.isfile(os.path.join(home, "include", "cuda_runtime_api.h"))
 
 
 def _spec(with_cuda):
@@ -164,7 +164,7 @@ def _build():
     global MODULE, CUDA_READY, _error
     try:
         import torch
-        with_cuda = bool(torch.version.cuda) and _cuda_include() is not None
+        with_cuda = bool(torch.version.cuda) and _cuda_headers()
         try:
             name, where = _spec(with_cuda)
             mod = _import(name, _build_in_child(name, where, with_cuda))

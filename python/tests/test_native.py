@@ -20,13 +20,7 @@ torch = import_torch()
 
 from dualcast import native  # noqa: E402
 from dualcast.torch import elementwise, launcher, set_native  # noqa: E402
-from test_torch import CELL_SRC, SHAPES, expect_a_changed_input_refused, inputs  # noqa: E402
-
-
-def cuda_or_skip():
-    if not torch.cuda.is_available():
-        from skip import Skip
-        raise Skip("no CUDA device")
+from test_torch import CELL_SRC, SHAPES, expect_a_changed_input_refused, inputs, needs_cuda  # noqa: E402
 
 
 def native_calls(f):
@@ -275,7 +269,7 @@ def test_empty_and_zero_dimensional_calls():
 
 
 def test_gpu_compiled_equals_python_and_the_cpu_bit_for_bit():
-    cuda_or_skip()
+    needs_cuda()
     cell = elementwise(CELL_SRC, inputs="z zb c f i g", differentiable="c f i g")
     for dtype in (torch.float32, torch.float64, torch.bfloat16):
         for shapes in SHAPES + [[(257, 1), (257, 1), (257, 1030), (1030,), (257, 1030), (257, 1030)]]:
@@ -285,7 +279,7 @@ def test_gpu_compiled_equals_python_and_the_cpu_bit_for_bit():
 
 def test_gpu_compiled_launches_on_the_current_stream():
     # A side stream: the launch queues there, so a result read after that stream's work is right.
-    cuda_or_skip()
+    needs_cuda()
     f = elementwise("return x * y + 1;", inputs="x y", differentiable="x y")
     x = torch.randn(4096, 513, device="cuda", requires_grad=True)
     y = torch.randn(513, device="cuda", requires_grad=True)
