@@ -3,7 +3,7 @@
 # packing steps were copied from run to run before).
 #
 #   source scripts/device-run.sh PART   # sets R (this part's folder under $OUT), B, P, E, t0
-#   dr_build TARGET...                  # configure the release preset, build the targets (16 jobs)
+#   dr_build TARGET...                  # configure the release preset, build the targets (nproc jobs)
 #   dr_gtest BINARY TIMEOUT [FILTER]    # run a GoogleTest binary, print its verdict lines
 #   dr_step PRECISION NAME [ARGS...]    # the captured workload-e step (hmlstm_step_profile, mixed)
 #   dr_e PRECISION [ARGS...]            # workload e with JAX at the same precision
@@ -23,7 +23,7 @@ nvidia-smi -L > "$R/gpus.txt" 2>&1
 dr_build() {
   echo "== build $*"
   { cmake --preset release > "$R/configure.log" 2>&1 &&
-    cmake --build --preset release -j16 --target "$@" > "$R/build.log" 2>&1; } ||
+    cmake --build --preset release -j"$(nproc)" --target "$@" > "$R/build.log" 2>&1; } ||
     { echo "build FAILED"; tail -30 "$R/build.log"; exit 1; }
   echo "built in $((SECONDS - t0)) s"
 }
