@@ -1,51 +1,17 @@
 #!/bin/bash
-# h200x2-2026-11-29: issue 32's probe on 2 x H200. Why does the HM-LSTM rank's compute graph replay
-# 1.24 ms slower once NCCL has connected (experiments/scaling/README.md)?
-#   probe  experiments/scaling/graph_probe.py: PyTorch graphs of tiny kernels and of the step's
-#          products, before and after NCCL, one process and 2 torchrun ranks (default, no cuMem):
-#          is it NCCL in a rank or dualcast?
-#   dp     hmlstm_dp --compute-first at 2 GPUs (does 2 ranks show the 4-rank slowdown?), then the
-#          same under ncu (--clock-control none) with --profile-first, compared kernel by kernel by
-#          experiments/scaling/compare_ncu.py: do the kernels slow, or the gaps between them?
-#   study  (run.sh study, the second call) experiments/scaling/study.py on 1 and 2 GPUs with
-#          PyTorch DDP in the same call: the 2 x H200 kind's scaling table.
+# h200x2-2026-11-29: the two issue-33 calls made on GPU 0 of a 2 x H200 machine, right after
+# experiments/scaling/measured/h200x2-2026-11-29/run.sh study on the same warm machine (its build
+# folder was kept). Sent as these one-line commands; kept here as what ran.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-if [ "${1:-probe}" = study ]; then
-  source scripts/device-run.sh study
-  dr_build resnet_train hmlstm_dp
-  timeout $((585 - SECONDS + t0)) python3 experiments/scaling/study.py --build build/release --out "$R" \
-    --commit "$(git rev-parse HEAD)" --gpus-list 1,2 --reps 20 --warmup 5 \
-    --time-budget $((560 - SECONDS + t0)) --run-timeout 150 > "$R/study.log" 2>&1
-  echo "study rc=$? at $((SECONDS - t0)) s"; grep -E "^study:" "$R/study.log" | tail -20
-  cat "$R/scaling.md" 2>/dev/null | head -40
-  dr_pack
-  exit 0
-fi
-source scripts/device-run.sh x2
-nvidia-smi topo -m >> "$R/gpus.txt" 2>&1
-G=experiments/scaling/graph_probe.py
-TR="python3 -m torch.distributed.run --standalone --nproc-per-node 2"
-{
-  timeout 60 python3 $G
-  timeout 90 $TR $G
-  NCCL_CUMEM_ENABLE=0 timeout 90 $TR $G
-} > "$R/graph_probe.txt" 2>&1
-grep -E "graph_probe|stage|before|after|Error" "$R/graph_probe.txt"
-echo "probe done at $((SECONDS - t0)) s"
-dr_build hmlstm_dp
-D=$B/experiments/hmlstm/hmlstm_dp
-A="--bench --hidden 512 --seq 100 --reps 20 --warmup 5 --out $R/dp"
-timeout 60 $D $A --gpus 1 --device cuda --batch 64 --name g1 > "$R/dp_g1.log" 2>&1; echo "g1 rc=$?"
-timeout 90 $D $A --gpus 2 --device cuda --batch 128 --compute-first --name cf > "$R/dp_cf.log" 2>&1; echo "cf rc=$?"
-grep -E "local|eager|captured|compute" "$R/dp_g1.log" "$R/dp_cf.log"
-echo "ncu at $((SECONDS - t0)) s"
-DUALCAST_DIST_TIMEOUT=900 timeout $((560 - SECONDS + t0)) ncu --profile-from-start off --clock-control none --csv --page raw \
-  --metrics gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sector_hit_rate.pct \
-  --target-processes all \
-  python3 scripts/launch --gpus 2 -- $D --bench --hidden 512 --seq 100 --gpus 2 --device cuda --batch 128 \
-  --compute-first --profile-first --reps 3 --warmup 1 --out $R/dp --name ncu > "$R/ncu.csv" 2> "$R/ncu.err"
-echo "ncu rc=$? at $((SECONDS - t0)) s"
-python3 experiments/scaling/compare_ncu.py "$R/ncu.csv" > "$R/compare.txt" 2>&1; head -40 "$R/compare.txt"
-gzip -f "$R/ncu.csv"
-dr_pack
+case ${1:?usage: run.sh ab|py} in
+ab)  # workloads a and b: dualcast native, dualcast from PyTorch (compiled launcher), torch.compile
+  source scripts/device-run.sh ab; dr_build hmlstm_experiment
+  timeout $((570 - SECONDS + t0)) $E --workloads a,b --dims 4096,8192 --peers --peer-methods compile,torch_dualcast \
+    --out $R/ab > $R/ab.log 2>&1
+  echo "rc=$? at $((SECONDS - t0)) s"; grep -E "^(a|b) |torch|compile|dualcast" $R/ab.log | tail -40; dr_pack ;;
+py)  # the Python suite on the GPU, then the host time per call
+  source scripts/device-run.sh py
+  timeout 400 python3 python/tests/run.py > $R/pytest.log 2>&1; echo "rc=$? at $((SECONDS - t0)) s"; tail -5 $R/pytest.log
+  timeout 150 python3 experiments/torch_elementwise/overhead.py > $R/overhead.log 2>&1; echo "overhead rc=$?"; tail -25 $R/overhead.log ;;
+esac
