@@ -12,15 +12,20 @@ CUDA events from an idle GPU (median of --reps replays), with the host time of t
 beside it, at each stage: before the process group exists, after init_process_group (the
 communicator made eagerly, device_id given), after the first all-reduce (channels connected), and
 after 20 more. Only rank 0 prints; every rank runs the same replays at the same time, as the
-data-parallel ranks do.
+data-parallel ranks do. (The run of 2026-11-29 used 87df314's copy, whose own loop timed the same
+way; it now uses the peers' common/torch_timing.py.)
 """
 import argparse
 import os
 import statistics
+import sys
 import time
 
 import torch
 import torch.distributed as dist
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "common"))
+import torch_timing  # noqa: E402
 
 
 def capture(body):
@@ -55,21 +60,17 @@ def graphs(small, products):
 
 
 def time_graph(g, reps):
-    gpu, host = [], []
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(3):
-        g.replay()
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        start.record()
+    """(median GPU ms, median host us of the replay call), from an idle GPU each time."""
+    host = []
+
+    def replay():
         t0 = time.perf_counter()
         g.replay()
-        t1 = time.perf_counter()
-        end.record()
-        torch.cuda.synchronize()
-        gpu.append(start.elapsed_time(end))
-        host.append((t1 - t0) * 1e6)
-    return statistics.median(gpu), statistics.median(host)
+        host.append((time.perf_counter() - t0) * 1e6)
+
+    warmup = 3
+    ms, _, _ = torch_timing.time_cuda(torch, replay, reps, warmup)
+    return statistics.median(ms), statistics.median(host[warmup:warmup + reps])
 
 
 def main():
