@@ -27,8 +27,8 @@ if(_dc_py_mode STREQUAL "OFF")
 else()
   find_package(Python3 COMPONENTS Interpreter Development.Module QUIET)
   if(NOT Python3_Development.Module_FOUND)
-    set(_dc_py_why "no Python 3 with its C headers (Development.Module) was found (interpreter: "
-                   "'${Python3_EXECUTABLE}'; install python3-dev, or pass -DPython3_EXECUTABLE=...)")
+    string(CONCAT _dc_py_why "no Python 3 with its C headers (Development.Module) was found (interpreter: "
+                  "'${Python3_EXECUTABLE}'; install python3-dev, or pass -DPython3_EXECUTABLE=...)")
   else()
     find_package(pybind11 CONFIG QUIET)
     if(pybind11_FOUND)
@@ -57,9 +57,9 @@ else()
           target_include_directories(dualcast_pybind11_headers SYSTEM INTERFACE ${DUALCAST_PYBIND11_INCLUDE})
           set(_dc_pybind11_target dualcast_pybind11_headers)
         else()
-          set(_dc_py_why "pybind11 not found: no pybind11 CMake config, no pybind11 Python package and no "
-                         "PyTorch with bundled headers in ${Python3_EXECUTABLE} (install pybind11-dev or "
-                         "`pip install pybind11`)")
+          string(CONCAT _dc_py_why "pybind11 not found: no pybind11 CMake config, no pybind11 Python package and "
+                        "no PyTorch with bundled headers in ${Python3_EXECUTABLE} (install pybind11-dev or "
+                        "`pip install pybind11`)")
         endif()
       endif()
     endif()

@@ -14,6 +14,7 @@ python/dualcast, as the tests do)."""
 
 import glob
 import importlib.machinery
+import importlib.util
 import os
 import sys
 
@@ -31,11 +32,15 @@ def _load():
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
         path = os.path.join(folder, "_core" + suffix)
         if os.path.isfile(path):
-            loader = importlib.machinery.ExtensionFileLoader(__package__ + "._core", path)
-            spec = importlib.machinery.ModuleSpec(loader.name, loader, origin=path)
-            module = loader.create_module(spec)
-            loader.exec_module(module)
-            sys.modules[loader.name] = module
+            # module_from_spec sets __spec__, which pybind11 >= 3's multi-phase initialisation reads.
+            spec = importlib.util.spec_from_file_location(__package__ + "._core", path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = module
+            try:
+                spec.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[spec.name]
+                raise
             return module
     others = sorted(os.path.basename(p) for p in glob.glob(os.path.join(folder, "_core*")))
     raise ImportError("DUALCAST_CORE_DIR=%s holds no _core module for this Python (%s looks for _core%s)%s"
