@@ -29,6 +29,13 @@ try:
     import torch
 except ImportError:
     torch = None
+# JAX would take most of a GPU's memory at its first array; the CUDA tests share the GPU with it.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+try:
+    import jax
+    import jax.numpy as jnp
+except ImportError:
+    jax = None
 
 DTYPES = ("float32", "float64", "bfloat16", "float16", "uint8")
 SHAPES = ((), (0,), (1,), (7,), (3, 5), (2, 0, 3), (2, 1, 3), (3, 1, 1, 129))
@@ -45,6 +52,18 @@ def needs_numpy():
 def needs_torch():
     if torch is None:
         raise Skip("PyTorch is not installed")
+
+
+def needs_jax():
+    if jax is None:
+        raise Skip("JAX is not installed")
+
+
+def jax_devices(kind):
+    try:
+        return jax.devices(kind)
+    except RuntimeError:  # no backend of that kind
+        return []
 
 
 def needs_cuda():
@@ -314,6 +333,43 @@ def test_torch_tensors_dualcast_cannot_hold_are_refused_with_their_shape_and_dty
     raises(core.Error, lambda: core.from_dlpack(torch.zeros(3, dtype=torch.complex64)), "complex")
     raises((RuntimeError, BufferError), lambda: core.from_dlpack(torch.zeros(3, requires_grad=True)), "grad")
     assert core.from_dlpack(torch.ones(2)).sum().item() == 2.0
+
+
+# ---- JAX -----------------------------------------------------------------------------------------
+
+JAX_DTYPES = ("float32", "bfloat16", "float16", "uint8")  # float64 needs JAX's x64 mode
+
+
+def test_jax_arrays_come_in_and_go_out_without_a_copy():
+    needs_jax()
+    cpu = jax_devices("cpu")[0]  # on a GPU machine JAX puts arrays on the GPU unless told
+    for dtype in JAX_DTYPES:
+        a = jax.device_put(jnp.arange(12, dtype=dtype).reshape(3, 4), cpu)
+        x = core.from_dlpack(a)
+        assert (x.shape, x.dtype, x.device) == ((3, 4), dtype, "cpu")
+        assert x.data_ptr() == a.unsafe_buffer_pointer()
+        assert x.tolist() == [[float(4 * i + j) for j in range(4)] for i in range(3)]
+        b = jnp.from_dlpack(x)
+        assert b.dtype == a.dtype and b.shape == (3, 4) and b.unsafe_buffer_pointer() == x.data_ptr()
+        assert bool((b == a).all())
+    x = core.full((5, 7), 1.5)
+    b = jnp.from_dlpack(x)
+    del x
+    gc.collect()
+    assert float(b.sum()) == 52.5  # the array keeps dualcast's memory alive
+
+
+def test_a_jax_gpu_array_goes_through_dualcast_and_back():
+    needs_jax()
+    gpus = jax_devices("gpu")
+    if not gpus or not core.build_info()["cuda"] or core.build_info()["cuda_devices"] == 0:
+        raise Skip("no JAX GPU backend, or dualcast._core without CUDA")
+    a = jax.device_put(jnp.arange(1 << 20, dtype="float32") % 7, gpus[0])
+    x = core.from_dlpack(a)  # JAX orders its work before dualcast's stream
+    assert x.device == "cuda:%d" % gpus[0].id and x.data_ptr() == a.unsafe_buffer_pointer()
+    assert x.sum().item() == float(a.sum())
+    b = jnp.from_dlpack(x)
+    assert float(b.sum()) == float(a.sum())
 
 
 # ---- CUDA ----------------------------------------------------------------------------------------
