@@ -6,6 +6,7 @@ auto (default: without cmake, a C++ compiler or pybind11 it says so and installs
 package), 1 (their absence is an error), 0 (never built). $DUALCAST_CMAKE_ARGS adds configure
 arguments; $DUALCAST_CUDA_DEVICE_CODE overrides run/check (see CMakeLists.txt). python/README.md says
 why setuptools + CMake + pybind11 and not scikit-build-core + nanobind."""
+import hashlib
 import os
 import shlex
 import shutil
@@ -53,8 +54,9 @@ def missing_toolchain():
 
 class BuildCore(build_ext):
     """Configures and builds the project with CMake and copies python/dualcast/_core*.so into the
-    package. The build folder is build/py-core-<tag> inside the source tree, at the depth of the
-    presets' build/<preset>, so that ccache (base_dir: the source tree) finds the CI build's objects."""
+    package. The build folder is build/py-core-<tag>-<interpreter> inside the source tree, at the
+    depth of the presets' build/<preset>, so that ccache (base_dir: the source tree) finds the CI
+    build's objects."""
 
     def build_extension(self, ext):
         try:
@@ -66,8 +68,11 @@ class BuildCore(build_ext):
                 "(dualcast.jit and dualcast.torch work; dualcast.core.available() is False)" % e)
 
     def _build(self, ext):
+        # One folder per interpreter, not per ABI tag: CMake caches what it found through this Python
+        # (its headers, pybind11 or PyTorch's copy of it), which another Python of the same tag lacks.
         tag = sysconfig.get_config_var("SOABI") or "py%d%d" % sys.version_info[:2]
-        build = os.path.join(ROOT, "build", "py-core-" + tag)
+        who = hashlib.sha1(os.path.realpath(sys.executable).encode() + sys.prefix.encode()).hexdigest()[:8]
+        build = os.path.join(ROOT, "build", "py-core-%s-%s" % (tag, who))
         nvcc = shutil.which("nvcc") or (os.path.isfile("/usr/local/cuda/bin/nvcc") and "/usr/local/cuda/bin/nvcc")
         gpu = shutil.which("nvidia-smi") and b"GPU" in subprocess.run(
             ["nvidia-smi", "-L"], capture_output=True).stdout
@@ -86,8 +91,8 @@ class BuildCore(build_ext):
             % (build, "CUDA with nvcc %s, device code %s" % (nvcc, device_code) if nvcc else "CPU only: no nvcc found"))
         r = subprocess.run(args, capture_output=True, text=True)
         if r.returncode != 0:
-            lines = [l for l in (r.stdout + r.stderr).splitlines() if "dualcast" in l or "Error" in l or "error" in l]
-            raise RuntimeError("CMake's configure failed:\n" + "\n".join(lines[-15:]))
+            # CMake writes its errors, each over several wrapped lines, to stderr: all of them, whole.
+            raise RuntimeError("CMake's configure failed:\n" + "\n".join(r.stderr.strip().splitlines()[-40:]))
         backend = "CUDA" if "dualcast: CUDA backend ON" in r.stdout else "CPU-only"
         for line in r.stdout.splitlines():
             if "dualcast: Python module" in line or "dualcast: CUDA backend" in line:

@@ -50,8 +50,8 @@ def _load():
 
 try:
     _core = _load()
-except ImportError as e:
-    _reason = str(e)
+except Exception as e:  # noqa: BLE001 - a module that fails to initialise is missing too, and says why
+    _reason = "%s: %s" % (type(e).__name__, e)
 
 
 def available():

@@ -188,6 +188,11 @@ def test_the_dlpack_arguments_max_version_dl_device_copy_and_stream():
     raises(TypeError, lambda: x.__dlpack__(stream="s"), "stream")
     raises(TypeError, lambda: x.__dlpack__(copy="yes"), "copy")
     raises(BufferError, lambda: x.__dlpack__(dl_device=(7, 0)), "dl_device", "cpu")
+    raises(TypeError, lambda: x.__dlpack__(dl_device=5), "dl_device", "tuple")
+    raises(TypeError, lambda: x.__dlpack__(dl_device=(2, "a")), "dl_device", "tuple")
+    raises(TypeError, lambda: x.__dlpack__(stream=True), "stream")  # a bool is not a stream
+    raises(BufferError, lambda: x.__dlpack__(stream=1), "stream=1", "cpu", "None")  # DLPack: None on the CPU
+    raises(core.Error, lambda: x.__dlpack__(stream=2 ** 70), "stream", "64 bits")
     if core.build_info()["cuda_devices"] == 0:
         raises(BufferError, lambda: x.__dlpack__(dl_device=(2, 0)), "dl_device", "cpu")
 
@@ -203,6 +208,8 @@ def test_bad_input_is_an_exception_that_names_the_operation_and_the_argument():
     raises(core.Error, lambda: core.zeros((2, -1)), "zeros", "shape")
     raises(core.Error, lambda: core.zeros((1,) * 9), "zeros", "shape", "9 dimensions")
     raises(TypeError, lambda: core.zeros("abc"), "zeros", "shape")
+    raises(TypeError, lambda: core.zeros((2, True)), "zeros", "shape")
+    raises(core.Error, lambda: core.zeros(2 ** 70), "zeros", "shape", "64 bits")
     raises(core.Error, lambda: core.tensor([1, 2]).to("int8"), "Tensor.to", "int8")
     raises(ValueError, lambda: core.tensor([[1, 2], [3]]), "ragged")
     if core.build_info()["cuda_devices"] == 0:
@@ -249,6 +256,12 @@ def test_numpy_lifetimes_both_ways():
     del y
     gc.collect()
     assert b.sum() == 3000.0
+
+
+def test_numpy_integers_are_shapes():
+    needs_numpy()
+    assert core.zeros(np.int64(3)).shape == (3,)
+    assert core.zeros((np.int32(2), np.int64(5)), "float64").shape == (2, 5)
 
 
 def test_sum_of_an_imported_numpy_array_equals_numpys():

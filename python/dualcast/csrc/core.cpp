@@ -95,16 +95,31 @@ Device parse_device(const py::handle& obj, const char* op) {
   fail(std::string(op) + ": argument device: '" + s + "' (expected cpu, cuda or cuda:N)");
 }
 
+// Python ints and whatever has __index__ (numpy.int64, a 0-d integer tensor), but not bools; one
+// that does not fit 64 bits is an error naming the argument rather than pybind11's cast failure.
+bool is_index(const py::handle& v) { return PyIndex_Check(v.ptr()) && !PyBool_Check(v.ptr()); }
+
+std::int64_t index_arg(const py::handle& v, const std::string& op, const std::string& arg) {
+  if (!is_index(v))
+    throw py::type_error(op + ": argument " + arg + ": " + std::string(py::repr(v)) + " is not an int");
+  const py::object i = py::reinterpret_steal<py::object>(PyNumber_Index(v.ptr()));
+  if (!i) throw py::error_already_set();
+  int overflow = 0;
+  const long long x = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
+  if (overflow != 0) fail(op + ": argument " + arg + ": " + std::string(py::repr(v)) + " does not fit 64 bits");
+  return x;
+}
+
 dualcast::Shape parse_shape(const py::handle& obj, const char* op) {
   std::vector<std::int64_t> dims;
-  if (py::isinstance<py::int_>(obj)) {
-    dims.push_back(obj.cast<std::int64_t>());
+  if (is_index(obj)) {
+    dims.push_back(index_arg(obj, op, "shape"));
   } else if (py::isinstance<py::sequence>(obj) && !py::isinstance<py::str>(obj)) {
     for (const py::handle d : obj) {
-      if (!py::isinstance<py::int_>(d))
+      if (!is_index(d))
         throw py::type_error(std::string(op) + ": argument shape: " + std::string(py::repr(obj)) +
                              " is not a sequence of ints");
-      dims.push_back(d.cast<std::int64_t>());
+      dims.push_back(index_arg(d, op, "shape"));
     }
   } else {
     throw py::type_error(std::string(op) + ": argument shape: " + std::string(py::repr(obj)) +
@@ -155,7 +170,7 @@ py::capsule make_capsule(const Tensor& t) {
 // Any other stream, the per-thread default (2) included, waits on an event.
 void order_for_consumer(Device device, const py::object& stream) {
   if (stream.is_none()) return;
-  const auto s = stream.cast<std::intptr_t>();
+  const auto s = static_cast<std::intptr_t>(index_arg(stream, "Tensor.__dlpack__", "stream"));
   if (s == -1 || s == 1) return;
   if (s == 0 || s < -1)
     throw py::value_error("Tensor.__dlpack__: argument stream=" + std::to_string(s) + " for a tensor on " +
@@ -176,7 +191,7 @@ void order_for_consumer(Device device, const py::object& stream) {
 
 py::capsule export_dlpack(const Tensor& t, const py::object& stream, const py::object& max_version,
                           const py::object& dl_device, const py::object& copy) {
-  if (!stream.is_none() && !py::isinstance<py::int_>(stream))
+  if (!stream.is_none() && !is_index(stream))
     throw py::type_error("Tensor.__dlpack__: argument stream must be an int or None, not " +
                          std::string(py::repr(stream)));
   // Only unversioned capsules are made: a consumer that passes max_version=(1, x) must accept one
@@ -192,8 +207,12 @@ py::capsule export_dlpack(const Tensor& t, const py::object& stream, const py::o
   Tensor out = t;
   bool copied = false;
   if (!dl_device.is_none()) {
-    py::tuple d = py::cast<py::tuple>(dl_device);
-    const int type = py::len(d) == 2 ? d[0].cast<int>() : -1, index = type >= 0 ? d[1].cast<int>() : 0;
+    if (!py::isinstance<py::tuple>(dl_device) || py::len(dl_device) != 2 || !is_index(dl_device[py::int_(0)]) ||
+        !is_index(dl_device[py::int_(1)]))
+      throw py::type_error("Tensor.__dlpack__: argument dl_device must be None or a (device type, index) tuple "
+                           "of ints, not " + std::string(py::repr(dl_device)));
+    const auto type = index_arg(dl_device[py::int_(0)], "Tensor.__dlpack__", "dl_device");
+    const auto index = static_cast<int>(index_arg(dl_device[py::int_(1)], "Tensor.__dlpack__", "dl_device"));
     Device want = Device::cpu();
     if (type == dl::kDLCUDA) {
       try {
@@ -221,8 +240,11 @@ py::capsule export_dlpack(const Tensor& t, const py::object& stream, const py::o
     order_for_consumer(out.device(), stream);
 #endif
   }
-  // On the CPU dualcast's operations have finished when they return, so any stream a consumer names
-  // is already ordered after them; it is ignored rather than refused.
+  // On the CPU dualcast's operations have finished when they return, so there is nothing to order:
+  // DLPack allows no stream there but None (and -1, "no synchronisation", does no harm).
+  if (!out.device().is_cuda() && !stream.is_none() && index_arg(stream, "Tensor.__dlpack__", "stream") != -1)
+    throw py::buffer_error("Tensor.__dlpack__: argument stream=" + std::string(py::repr(stream)) +
+                           " for a tensor on cpu: a CPU tensor takes stream=None");
   return make_capsule(out);
 }
 
