@@ -2,7 +2,8 @@
 a new function, loading it from the disk cache in a fresh process, and the host time of a call on an
 already compiled function (forward alone, forward + backward) at a size where the kernels take a few
 microseconds, against the same cell in PyTorch eager and torch.compile; dualcast through the compiled
-launcher (dualcast.native) and through the Python one. Prints one JSON object.
+launcher (dualcast.native) and through the Python one; and a DLPack round trip of a torch tensor
+through a dualcast tensor (dualcast.core). Prints one JSON object.
 
     python3 experiments/torch_elementwise/overhead.py [--device cuda|cpu] [--reps N]
 """
@@ -105,6 +106,14 @@ def main():
     # The kernels alone, for the overhead: CUDA events around many calls would include the gaps, so
     # the launch cost is read from a torch op of the same size as the floor.
     out["torch_add_us"] = round(host_us(lambda: xs[0] + xs[1], o.reps, sync), 2)
+    # A torch tensor into a dualcast tensor and back through DLPack (dualcast.core, where it is built).
+    from dualcast import core
+    if core.available():
+        t = xs[0].detach()
+        round_trip = host_us(lambda: torch.from_dlpack(core.from_dlpack(t)), o.reps, sync)
+        out["dlpack_round_trip_us"] = round(round_trip, 2)
+    else:
+        out["dlpack_round_trip_us"] = "dualcast._core not built: %s" % core.reason()
     # Loading the compiled launcher (built and cached before), once per process.
     r = subprocess.run([sys.executable, "-c", "import sys, time; sys.path.insert(0, %r); import torch\n"
                         "t0 = time.perf_counter(); from dualcast import native; native.start()\n"
