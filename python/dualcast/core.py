@@ -15,7 +15,6 @@ python/dualcast, as the tests do)."""
 import glob
 import importlib.machinery
 import importlib.util
-import math
 import os
 import sys
 
@@ -101,25 +100,7 @@ def tensor(data, dtype="float32", device="cpu"):
             flat.append(float(x))
 
     walk(data, 0)
-    _check_range(flat, str(dtype).replace("torch.", ""))
     return _core._from_values(flat, shape, dtype, device)
-
-
-# What a value must be to be stored as written: uint8 takes integers 0..255 (a conversion would wrap
-# or be undefined), float16 finite values up to 65504 (beyond, infinity), as Tensor::fill_ checks.
-_FLOAT16_MAX = 65504.0
-
-
-def _check_range(values, dtype):
-    for v in values:
-        finite = math.isfinite(v)
-        if dtype == "uint8" and not (finite and v == int(v) and 0 <= v <= 255):
-            raise ValueError("dualcast.core.tensor: argument data holds %r, which uint8 cannot hold "
-                             "(integers 0 to 255)" % v)
-        if dtype == "float16" and finite and abs(v) > _FLOAT16_MAX:
-            raise ValueError("dualcast.core.tensor: argument data holds %r, outside float16's finite range "
-                             "(largest %g); it would be stored as infinity (scale the values, or use bfloat16 "
-                             "or float32)" % (v, _FLOAT16_MAX))
 
 
 if _core is not None:

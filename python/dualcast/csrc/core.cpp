@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "dualcast/dlpack.hpp"
+#include "dualcast/half.hpp"
 #include "dualcast/ops/reduce.hpp"
 #include "dualcast/stream.hpp"
 #include "dualcast/tensor.hpp"
@@ -402,14 +404,34 @@ py::object tolist(const Tensor& t) {
   return nested(v, t.shape(), 0, at, t.dtype() == DType::uint8);
 }
 
+// Tensor::to converts without checking range, so the values `dtype` cannot hold are refused here:
+// for the 16-bit types by Tensor::fill_'s rule (a finite value that the library's own rounding makes
+// infinite), for uint8 anything but the integers 0 to 255 (a conversion would wrap).
+void check_representable(const std::vector<double>& values, DType dtype) {
+  for (const double v : values) {
+    if (dtype == DType::uint8 && !(std::isfinite(v) && v == std::floor(v) && v >= 0 && v <= 255))
+      fail("tensor: argument data holds " + std::string(py::repr(py::float_(v))) +
+           ", which uint8 cannot hold (integers 0 to 255)");
+    if (dualcast::is_half(dtype) && std::isfinite(v)) {
+      const float stored = dtype == DType::float16 ? static_cast<float>(dualcast::float16(v))
+                                                   : static_cast<float>(dualcast::bfloat16(v));
+      if (!std::isfinite(stored))
+        fail("tensor: argument data holds " + std::string(py::repr(py::float_(v))) + ", outside " +
+             dualcast::dtype_name(dtype) + "'s finite range (largest " +
+             (dtype == DType::float16 ? "65504" : "3.39e38") +
+             "); it would be stored as infinity (scale the values, or use bfloat16 or float32)");
+    }
+  }
+}
+
 Tensor from_values(const std::vector<double>& values, const py::object& shape, const py::object& dtype,
                    const py::object& device) {
   const dualcast::Shape s = parse_shape(shape, "tensor");
   if (static_cast<std::int64_t>(values.size()) != s.numel())
     fail("tensor: " + std::to_string(values.size()) + " values for shape " + s.str());
-  return Tensor::from_vector<double>(s, values, Device::cpu())
-      .to(parse_dtype(dtype, "tensor"))
-      .to(parse_device(device, "tensor"));
+  const DType t = parse_dtype(dtype, "tensor");
+  check_representable(values, t);
+  return Tensor::from_vector<double>(s, values, Device::cpu()).to(t).to(parse_device(device, "tensor"));
 }
 
 std::string repr(const Tensor& t) {
