@@ -9,13 +9,14 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, HERE)
 
-from skip import skip_module  # noqa: E402
+from skip import Skip, skip_module  # noqa: E402
 
 if importlib.util.find_spec("setuptools") is None or importlib.util.find_spec("wheel") is None:
     skip_module("pip install . offline needs setuptools and wheel in %s" % sys.executable)
@@ -37,20 +38,31 @@ def copy_checkout(src, with_library):
         shutil.copytree(os.path.join(ROOT, d), os.path.join(src, d))
 
 
-def pip_install(src, target, work, build_core):
+def install(tmp, build_core):
+    """`pip install` of a copy of the checkout into tmp/site, from tmp/work (with the library's sources
+    when the core is to be built); the pip run and (site, work)."""
+    target, work, src = os.path.join(tmp, "site"), os.path.join(tmp, "work"), os.path.join(tmp, "src")
+    os.makedirs(work)
+    os.makedirs(src)
+    copy_checkout(src, with_library=build_core != "0")
     env = dict(os.environ, DUALCAST_BUILD_CORE=build_core)
     env.pop("DUALCAST_CORE_DIR", None)
-    return subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-build-isolation", "--no-deps",
-                           "--target", target, src], capture_output=True, text=True, cwd=work, env=env)
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-build-isolation", "--no-deps",
+                        "--target", target, src], capture_output=True, text=True, cwd=work, env=env)
+    return r, target, work
+
+
+def run_installed(code, target, work, **env):
+    """`code` in a fresh Python that finds only the installed package (no DUALCAST_* from this one)."""
+    env = dict(os.environ, PYTHONPATH=target, **env)
+    for k in ("DUALCAST_INCLUDE_DIR", "DUALCAST_CORE_DIR"):
+        env.pop(k, None)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=work, env=env)
 
 
 def test_the_installed_package_compiles_a_kernel_from_any_folder():
     with tempfile.TemporaryDirectory() as tmp:
-        target, work, src = os.path.join(tmp, "site"), os.path.join(tmp, "work"), os.path.join(tmp, "src")
-        os.makedirs(work)
-        os.makedirs(src)
-        copy_checkout(src, with_library=False)
-        r = pip_install(src, target, work, build_core="0")  # the pure-Python install
+        r, target, work = install(tmp, build_core="0")  # the pure-Python install
         assert r.returncode == 0, r.stdout + r.stderr
         assert os.path.isfile(os.path.join(target, "dualcast", "include", "dualcast", "dual.hpp"))
         # The compiled launcher's source travels with the package (dualcast.native builds it at run time).
@@ -62,10 +74,7 @@ def test_the_installed_package_compiles_a_kernel_from_any_folder():
                 "k = jit.compile_kernel(jit.Spec('return x * x;', 'x', 'x'), 'float64')\n"
                 "assert not core.available() and 'DUALCAST_CORE_DIR' in str(core._missing('Tensor'))\n"
                 "print('ok')\n") % (target, target)
-        env = dict(os.environ, PYTHONPATH=target, DUALCAST_CACHE_DIR=os.path.join(tmp, "cache"))
-        env.pop("DUALCAST_INCLUDE_DIR", None)
-        env.pop("DUALCAST_CORE_DIR", None)
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=work, env=env)
+        r = run_installed(code, target, work, DUALCAST_CACHE_DIR=os.path.join(tmp, "cache"))
         assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
 
 
@@ -79,7 +88,6 @@ def can_build_core():
         glob.glob("/usr/local/lib/cmake/pybind11") + glob.glob("/usr/local/share/cmake/pybind11")
     if not configs and importlib.util.find_spec("pybind11") is None and importlib.util.find_spec("torch") is None:
         return "no pybind11 (CMake config, Python package or PyTorch's bundled headers)"
-    import sysconfig
     if not os.path.isfile(os.path.join(sysconfig.get_paths()["include"], "Python.h")):
         return "no Python.h for %s" % sys.executable
     return None
@@ -88,14 +96,9 @@ def can_build_core():
 def test_the_installed_package_builds_and_loads_the_compiled_module():
     why = can_build_core()
     if why:
-        from skip import Skip
         raise Skip("this Python cannot build dualcast._core: %s" % why)
     with tempfile.TemporaryDirectory() as tmp:
-        target, work, src = os.path.join(tmp, "site"), os.path.join(tmp, "work"), os.path.join(tmp, "src")
-        os.makedirs(work)
-        os.makedirs(src)
-        copy_checkout(src, with_library=True)
-        r = pip_install(src, target, work, build_core="1")  # a missing toolchain is an error
+        r, target, work = install(tmp, build_core="1")  # a missing toolchain is an error
         assert r.returncode == 0, r.stdout + r.stderr
         assert len(glob.glob(os.path.join(target, "dualcast", "_core*.so"))) == 1, os.listdir(
             os.path.join(target, "dualcast"))
@@ -106,7 +109,5 @@ def test_the_installed_package_builds_and_loads_the_compiled_module():
                 "y = core.from_dlpack(x.__dlpack__())\n"
                 "assert y.data_ptr() == x.data_ptr() and y.sum().item() == 15.0\n"
                 "print('ok', core.build_info()['cuda'])\n") % target
-        env = dict(os.environ, PYTHONPATH=target)
-        env.pop("DUALCAST_CORE_DIR", None)
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=work, env=env)
+        r = run_installed(code, target, work)
         assert r.returncode == 0 and r.stdout.startswith("ok"), r.stdout + r.stderr
