@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -295,12 +296,14 @@ std::string describe(const dl::DLTensor& t) {
   return s;
 }
 
-Tensor import_capsule(const py::object& capsule, const std::string& what) {
+// `source` names what the capsule came from, in errors only (made there: a round trip is a few
+// microseconds, and the name is two attribute lookups and a concatenation).
+Tensor import_capsule(const py::object& capsule, const std::function<std::string()>& source) {
   const char* name = PyCapsule_GetName(capsule.ptr());
   if (name == nullptr) throw py::error_already_set();
   const std::string n(name);
   if (n == kLegacyUsed || n == kVersionedUsed)
-    fail("from_dlpack: argument obj (" + what + ") was already consumed: a DLPack capsule can be imported once");
+    fail("from_dlpack: argument obj (" + source() + ") was already consumed: a DLPack capsule can be imported once");
   auto imported = std::make_unique<Imported>();
   const dl::DLTensor* producer = nullptr;
   if (n == kLegacy) {
@@ -311,10 +314,10 @@ Tensor import_capsule(const py::object& capsule, const std::string& what) {
     auto* v = static_cast<DLManagedTensorVersioned*>(PyCapsule_GetPointer(capsule.ptr(), kVersioned));
     if (v == nullptr) throw py::error_already_set();
     if (v->version.major != 1)
-      fail("from_dlpack: argument obj (" + what + "): DLPack version " + std::to_string(v->version.major) + "." +
+      fail("from_dlpack: argument obj (" + source() + "): DLPack version " + std::to_string(v->version.major) + "." +
            std::to_string(v->version.minor) + "; dualcast reads 0.x and 1.x");
     if (v->flags & kReadOnly)
-      fail("from_dlpack: argument obj (" + what + ", " + describe(v->dl_tensor) +
+      fail("from_dlpack: argument obj (" + source() + ", " + describe(v->dl_tensor) +
            ") is read-only, and dualcast tensors are writable; pass a writable array or a copy");
     imported->versioned = v;
     producer = &v->dl_tensor;
@@ -331,7 +334,7 @@ Tensor import_capsule(const py::object& capsule, const std::string& what) {
   } catch (const Error& e) {
     std::string why = strip_prefix(e.what());
     if (why.rfind("from_dlpack: argument m: ", 0) == 0) why.erase(0, 25);
-    fail("from_dlpack: argument obj (" + what + ", " + describe(*producer) + "): " + why);
+    fail("from_dlpack: argument obj (" + source() + ", " + describe(*producer) + "): " + why);
   }
   imported.release();  // now the tensor's: release_imported deletes it
   PyCapsule_SetName(capsule.ptr(), n == kLegacy ? kLegacyUsed : kVersionedUsed);
@@ -339,11 +342,13 @@ Tensor import_capsule(const py::object& capsule, const std::string& what) {
 }
 
 Tensor from_dlpack(const py::object& obj) {
-  const std::string what = std::string(py::str(py::type::handle_of(obj).attr("__module__"))) + "." +
-                           std::string(py::str(py::type::handle_of(obj).attr("__qualname__")));
-  if (PyCapsule_CheckExact(obj.ptr())) return import_capsule(obj, "a capsule");
+  const auto what = [&obj] {
+    return std::string(py::str(py::type::handle_of(obj).attr("__module__"))) + "." +
+           std::string(py::str(py::type::handle_of(obj).attr("__qualname__")));
+  };
+  if (PyCapsule_CheckExact(obj.ptr())) return import_capsule(obj, [] { return std::string("a capsule"); });
   if (!py::hasattr(obj, "__dlpack__"))
-    throw py::type_error("dualcast.core.from_dlpack: argument obj (" + what +
+    throw py::type_error("dualcast.core.from_dlpack: argument obj (" + what() +
                          ") has no __dlpack__ method and is not a DLPack capsule");
   // The producer orders its work before the stream named here: dualcast's, for a CUDA tensor
   // (DLPack's consumer side); None for host memory.
@@ -357,16 +362,16 @@ Tensor from_dlpack(const py::object& obj) {
       try {
         d = Device::cuda(index);
       } catch (const Error& e) {
-        fail("from_dlpack: argument obj (" + what + ") is on cuda:" + std::to_string(index) + ": " +
+        fail("from_dlpack: argument obj (" + what() + ") is on cuda:" + std::to_string(index) + ": " +
              strip_prefix(e.what()));
       }
       stream = py::int_(reinterpret_cast<std::intptr_t>(dualcast::detail::stream(d)));
 #else
-      fail("from_dlpack: argument obj (" + what + ") is on cuda:" + std::to_string(index) +
+      fail("from_dlpack: argument obj (" + what() + ") is on cuda:" + std::to_string(index) +
            ", and this dualcast was built without CUDA");
 #endif
     } else if (type != dl::kDLCPU && type != dl::kDLCUDAHost) {
-      fail("from_dlpack: argument obj (" + what + ") is on DLPack device type " + std::to_string(type) +
+      fail("from_dlpack: argument obj (" + what() + ") is on DLPack device type " + std::to_string(type) +
            " (dualcast takes CPU, CUDA-pinned host, CUDA and CUDA managed memory: types 1, 3, 2 and 13)");
     }
   }
@@ -381,7 +386,7 @@ Tensor from_dlpack(const py::object& obj) {
     capsule = obj.attr("__dlpack__")(py::arg("stream") = stream);
   }
   if (!PyCapsule_CheckExact(capsule.ptr()))
-    throw py::type_error("dualcast.core.from_dlpack: argument obj (" + what + "): __dlpack__ returned " +
+    throw py::type_error("dualcast.core.from_dlpack: argument obj (" + what() + "): __dlpack__ returned " +
                          std::string(py::repr(capsule)) + ", not a capsule");
   return import_capsule(capsule, what);
 }
