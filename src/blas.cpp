@@ -281,12 +281,15 @@ void gemm(Device device, DType dtype, bool trans_a, bool trans_b, std::int64_t m
                         ldc, stride_c, batch);
         return;
       }
-      // k == 0 (C = beta C) stays with cublasSgemm; so does a product cuBLASLt has no algorithm for.
+      // k == 0 (C = beta C) stays with cublasSgemm; so does a shape whose search chose it.
       if (matmul_autotune() && k > 0 &&
           lt_sgemm(device, trans_a, trans_b, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
                    static_cast<float>(alpha), pa, static_cast<int>(lda), stride_a, pb, static_cast<int>(ldb),
                    stride_b, static_cast<float>(beta), pc, static_cast<int>(ldc), stride_c,
-                   static_cast<int>(batch)))
+                   static_cast<int>(batch), [&](float* into) {
+                     cuda_gemm<float>(device, trans_a, trans_b, m, n, k, alpha, pa, lda, stride_a, pb, ldb,
+                                      stride_b, beta, into, ldc, stride_c, batch);
+                   }))
         return;
     }
     if constexpr (!is_half_v<T>)

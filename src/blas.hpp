@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "dualcast/device.hpp"
 #include "dualcast/dtype.hpp"
@@ -47,12 +48,13 @@ int cublas_handles_created();
 void blas_prepare(Device device);
 
 #if DUALCAST_WITH_CUDA
-/// Row-major float32 GEMM (gemm's arguments, narrowed) through cuBLASLt with the fastest of its
-/// exact-float32 algorithms for the shape, searched once and cached (blas_lt.cpp; set_matmul_autotune).
-/// False when cuBLASLt has no algorithm for it (nothing was computed: the caller runs cublasSgemm).
+/// Row-major float32 GEMM (gemm's arguments, narrowed) with the fastest exact-float32 way for the
+/// shape, searched once and cached (blas_lt.cpp; set_matmul_autotune): one of cuBLASLt's algorithms,
+/// or cublasSgemm, which `sgemm(c)` runs into the given C for the search's timing. False when the
+/// choice is cublasSgemm (nothing was computed: the caller runs it).
 bool lt_sgemm(Device device, bool ta, bool tb, int M, int N, int K, float alpha, const float* a, int lda,
               std::int64_t sa, const float* b, int ldb, std::int64_t sb, float beta, float* c, int ldc,
-              std::int64_t sc, int batch);
+              std::int64_t sc, int batch, const std::function<void(float*)>& sgemm);
 /// Creates the device's cuBLASLt handle and workspace (before a capture).
 void lt_prepare(Device device);
 #endif

@@ -1,6 +1,8 @@
 // device.cpp: device discovery and selection (CUDA runtime queries, cached), synchronisation.
 #include "dualcast/device.hpp"
 
+#include <algorithm>
+
 #include <array>
 #include <cstdio>
 #include <mutex>
@@ -58,6 +60,16 @@ Device Device::cuda(int index) {
                  "this machine has ", n, " CUDA device(s), valid indices 0..", n - 1);
   return Device{DeviceKind::cuda, index};
 #endif
+}
+
+Device Device::parse(const std::string& s) {
+  if (s == "cpu") return cpu();
+  if (s == "cuda") return cuda(0);
+  const std::string digits = s.rfind("cuda:", 0) == 0 ? s.substr(5) : std::string();
+  const bool number = !digits.empty() && digits.size() <= 6 &&
+                      std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
+  DUALCAST_CHECK(number, "Device::parse: '", s, "' is not a device (expected cpu, cuda or cuda:N)");
+  return cuda(std::stoi(digits));
 }
 
 std::string Device::str() const {

@@ -14,7 +14,7 @@ namespace {
 std::atomic<int> g_precision{static_cast<int>(detail::Float32Precision::highest)};
 std::atomic<bool> g_autotune{[] {
   const char* v = std::getenv("DUALCAST_MATMUL_AUTOTUNE");
-  return v != nullptr && std::strcmp(v, "1") == 0;
+  return v == nullptr || std::strcmp(v, "0") != 0;
 }()};
 
 // Per thread, as torch.autocast's state: one thread's mixed-precision region must not change the

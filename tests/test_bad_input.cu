@@ -217,6 +217,9 @@ std::vector<BadInput> bad_inputs() {
                   data::load_fashion_mnist(data_dir + "/bad-size-mnist", true)),
       DC_HOST_ROW("data", S({"load", "t10k-images-idx3-ubyte", "tried"}),
                   data::find_idx_file(data_dir, "t10k-images-idx3-ubyte")),
+      // ---- devices -------------------------------------------------------------------------------
+      DC_HOST_ROW("device", S({"Device::parse", "'tpu'", "cpu, cuda or cuda:N"}), Device::parse("tpu")),
+      DC_HOST_ROW("device", S({"Device::parse", "'cuda:one'", "cpu, cuda or cuda:N"}), Device::parse("cuda:one")),
   };
 }
 

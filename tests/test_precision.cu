@@ -379,10 +379,11 @@ TEST_P(Precision, GpuHighAndMediumStayWithinTheirProductsRounding) {
 
 // ---- autotuned float32 products --------------------------------------------------------------------
 
-TEST(MatmulAutotuneSetting, RoundTripsAndIsOffUnlessTheEnvironmentAsks) {
+TEST(MatmulAutotuneSetting, RoundTripsAndIsOnUnlessTheEnvironmentSaysNo) {
   RestoreAutotune restore;
   const char* env = std::getenv("DUALCAST_MATMUL_AUTOTUNE");
-  if (env == nullptr || std::string(env) != "1") EXPECT_FALSE(restore.was);
+  if (env == nullptr || std::string(env) != "0") EXPECT_TRUE(restore.was);
+  else EXPECT_FALSE(restore.was);
   set_matmul_autotune(true);
   EXPECT_TRUE(matmul_autotune());
   set_matmul_autotune(false);
@@ -463,6 +464,26 @@ TEST_P(Precision, AutotuneSearchesAShapeOnceAndACapturedStepGivesTheEagerBits) {
   g.capture(d, [&] { out.copy_(matmul(a, b, false, false)); });
   g.replay();
   EXPECT_TRUE(bit_identical(out, eager));
+}
+
+TEST_P(Precision, AShapeFirstMetInACaptureKeepsCublasAndLaterEagerCallsGiveTheCapturedBits) {
+  if (dev().is_cpu()) GTEST_SKIP() << "the GPU's rule";
+  RestoreAutotune restore;
+  const Device d = dev();
+  // A shape no other test uses, so that the capture is where this process meets it first.
+  const Tensor a = Tensor::randn({64, 1033}, d, 411), b = Tensor::randn({1033, 2043}, d, 412);
+  set_matmul_autotune(false);
+  const Tensor untuned = matmul(a, b, false, false);
+  set_matmul_autotune(true);
+  const std::int64_t before = detail::matmul_autotune_searches();
+  Tensor out = Tensor::zeros({64, 2043}, DType::float32, d);
+  Graph g;
+  g.capture(d, [&] { out.copy_(matmul(a, b, false, false)); });
+  g.replay();
+  const Tensor eager = matmul(a, b, false, false);
+  EXPECT_EQ(detail::matmul_autotune_searches(), before) << "nothing is timed in or after the capture";
+  EXPECT_TRUE(bit_identical(out, untuned)) << "the capture ran cublasSgemm";
+  EXPECT_TRUE(bit_identical(eager, out)) << "the eager call after it keeps the captured choice";
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, Precision, ::testing::ValuesIn(dualcast::testing::all_devices()),

@@ -7,9 +7,11 @@
 // unchanged.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -209,6 +211,27 @@ TEST(TensorLimitsCuda, ADeviceAllocationBeyondTheDeviceIsAnErrorAndTheDeviceWork
   EXPECT_GE(end.bytes_held, end.bytes_in_use);
   EXPECT_GE(end.peak_bytes_in_use, end.bytes_in_use);
   EXPECT_EQ(end.bytes_in_use, after.bytes_in_use) << "the computation's buffers were all returned";
+}
+
+TEST_P(TensorLimits, FloatsOutsideAnIntegerDtypesRangeSaturateAndNanBecomesZeroOnEveryDevice) {
+  // C++ leaves these conversions undefined; the host wrapped (300 -> 44) where the GPU saturated.
+  const std::vector<double> xs = {-5.0, -0.5, -0.0, 0.0, 2.7, 254.9, 255.0, 255.5, 300.0, 1e30,
+                                  -std::numeric_limits<double>::infinity(), std::numeric_limits<double>::infinity(),
+                                  std::numeric_limits<double>::quiet_NaN()};
+  const std::vector<std::uint8_t> want = {0, 0, 0, 0, 2, 254, 255, 255, 255, 255, 0, 255, 0};
+  const Tensor f64 = Tensor::from_vector<double>({static_cast<std::int64_t>(xs.size())}, xs, GetParam());
+  for (DType from : {DType::float64, DType::float32, DType::bfloat16, DType::float16}) {
+    const std::vector<std::uint8_t> got = f64.to(from).to(DType::uint8).to_vector<std::uint8_t>();
+    for (std::size_t i = 0; i < xs.size(); ++i) {
+      // bfloat16 rounds 254.9 to 255 and float16 rounds 254.9 to 254.875: both then truncate as above.
+      const std::uint8_t expect = from == DType::bfloat16 && xs[i] == 254.9 ? 255 : want[i];
+      EXPECT_EQ(got[i], expect) << dtype_name(from) << " " << xs[i];
+    }
+  }
+  // The host reads follow the same rule (to_vector into an integer type).
+  const std::vector<int> ints = Tensor::from_vector<double>({3}, {3e9, -3e9, std::nan("")}, GetParam())
+                                    .to_vector<int>();
+  EXPECT_EQ(ints, (std::vector<int>{std::numeric_limits<int>::max(), std::numeric_limits<int>::lowest(), 0}));
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, TensorLimits, ::testing::ValuesIn(testing::all_devices()),

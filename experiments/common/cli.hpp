@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "dualcast/device.hpp"
+#include "dualcast/error.hpp"
 
 namespace dcexp::cli {
 
@@ -115,12 +116,16 @@ inline double parse_double(const std::string& opt, const std::string& s) {
   return v;
 }
 
-/// --device cpu|cuda|cuda:K (the spelling only: whether the device is there is found when it is used).
+/// --device cpu|cuda|cuda:K (Device::parse); a bad spelling, or a GPU that is not there, is a usage
+/// error (status 2).
 inline dualcast::Device parse_device(const std::string& s) {
-  if (s == "cpu") return dualcast::Device::cpu();
-  if (s == "cuda") return dualcast::Device::cuda(0);
-  if (s.rfind("cuda:", 0) == 0) return dualcast::Device::cuda(static_cast<int>(parse_int("--device", s.substr(5), 0)));
-  throw UsageError("--device: unknown device '" + s + "' (expected cpu, cuda or cuda:K)");
+  try {
+    return dualcast::Device::parse(s);
+  } catch (const dualcast::Error& e) {
+    std::string m = e.what();
+    if (m.rfind("dualcast: ", 0) == 0) m.erase(0, 10);
+    throw UsageError("--device: " + m);
+  }
 }
 
 // ---- main() ------------------------------------------------------------------------------------

@@ -11,7 +11,15 @@ replay time per step at fp32 (TF32 off: "highest"), tf32 ("high"), bf16 and fp16
 and results), and each single product's time (100 back-to-back launches in one graph). It needs no
 build: PyTorch on a CUDA machine.
 
-Usage: python3 experiments/hmlstm/product_probe.py [--hidden 512 --batch 64 --seq 100] [--json out]
+With --schedules it also times the forward's gate products (float32, "highest") in three orders,
+for issue 31 item 3: "chain" (layer by layer, step by step, as the step runs them now); "wavefront"
+(layer l+2 of step t-1 beside layer l of step t on a second stream: they share no input, so a step
+is two stages deep instead of three); "split" (each product cut at the bottom-up input: the
+recurrent and top-down part [h, z*h_above, 1] of all three layers on three streams once the step
+before ends, then only the K = H bottom-up parts chained, accumulating into them).
+
+Usage: python3 experiments/hmlstm/product_probe.py [--hidden 512 --batch 64 --seq 100] [--schedules]
+                                                   [--json out]
 Exit status: 0 done; 2 no CUDA device.
 """
 import argparse
@@ -102,11 +110,80 @@ def probe(precision, H, B, T):
     return out
 
 
+def schedules(H, B, T):
+    """ms per step of the forward's gate products (float32, TF32 off) in the three orders above."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    g, ks = shapes(H, B, T)
+    dev = "cuda"
+    gen = torch.Generator(device=dev).manual_seed(2)
+    w = [torch.randn(k, g, device=dev, generator=gen) * 0.05 for k in ks]
+    x = [torch.randn(T * B, k, device=dev, generator=gen) for k in ks]
+    s = [torch.empty(T * B, g, device=dev) for _ in ks]
+    side = [torch.cuda.Stream() for _ in range(2)]
+
+    def mm(l, t):
+        r = slice(t * B, (t + 1) * B)
+        torch.mm(x[l][r], w[l], out=s[l][r])
+
+    def fork(streams):
+        main = torch.cuda.current_stream()
+        for st in streams:
+            st.wait_stream(main)
+        return main
+
+    def join(main, streams):
+        for st in streams:
+            main.wait_stream(st)
+
+    def chain():
+        for t in range(T):
+            for l in range(3):
+                mm(l, t)
+
+    def wavefront():  # stages: (0,0) (1,0) | (0,1)+(2,0) | (1,1) | (0,2)+(2,1) | ...
+        mm(0, 0)
+        for t in range(T):
+            mm(1, t)
+            main = fork(side[:1])
+            with torch.cuda.stream(side[0]):
+                mm(2, t)
+            if t + 1 < T:
+                mm(0, t + 1)
+            join(main, side[:1])
+
+    def split():
+        for t in range(T):
+            r = slice(t * B, (t + 1) * B)
+            main = fork(side)
+            for l, st in zip(range(3), [None] + side):
+                ctx = torch.cuda.stream(st) if st is not None else torch.cuda.stream(main)
+                with ctx:  # the part that waits only for step t-1
+                    torch.mm(x[l][r, H:], w[l][H:], out=s[l][r])
+            join(main, side)
+            for l in range(3):  # the bottom-up chain, K = H
+                torch.addmm(s[l][r], x[l][r, :H], w[l][:H], out=s[l][r])
+
+    chain()
+    ref = [t.clone() for t in s]
+    out = {}
+    for name, fn in (("chain", chain), ("wavefront", wavefront), ("split", split)):
+        for t in s:
+            t.fill_(float("nan"))
+        fn()
+        torch.cuda.synchronize()
+        err = max(((a - b).abs().max() / b.abs().max()).item() for a, b in zip(s, ref))
+        if not err < 1e-5:
+            raise SystemExit(f"schedule {name}: products differ from the chain's by {err:.2e}")
+        out[name] = timed_graph(fn)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--seq", type=int, default=100)
+    ap.add_argument("--schedules", action="store_true", help="also the forward products in three orders")
     ap.add_argument("--json")
     o = ap.parse_args()
     if not torch.cuda.is_available():
@@ -117,9 +194,14 @@ def main():
     for r in rows:
         singles = ", ".join(f"{k} {v:.1f}" for k, v in r["single_us"].items())
         print(f"{r['precision']:5s} step's products {r['step_products_ms']:7.3f} ms | µs each: {singles}")
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}
+    if o.schedules:
+        result["forward_schedules_ms"] = schedules(o.hidden, o.batch, o.seq)
+        print("float32 forward products per step, ms: " +
+              ", ".join(f"{k} {v:.3f}" for k, v in result["forward_schedules_ms"].items()))
     if o.json:
         with open(o.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)
+            json.dump(result, f, indent=1)
     return 0
 
 

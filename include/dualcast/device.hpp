@@ -17,6 +17,10 @@ struct Device {
 
   static Device cpu() { return Device{DeviceKind::cpu, 0}; }
   static Device cuda(int index = 0);
+  /// The device a spelling names: "cpu", "cuda" (device 0) or "cuda:N", as str() writes them (and
+  /// PyTorch spells them). Anything else, or a CUDA device that is not there, is a dualcast::Error
+  /// naming the spelling.
+  static Device parse(const std::string& spelling);
 
   [[nodiscard]] bool is_cpu() const { return kind == DeviceKind::cpu; }
   [[nodiscard]] bool is_cuda() const { return kind == DeviceKind::cuda; }

@@ -147,10 +147,25 @@ template <class T>
 using compute_t = std::conditional_t<is_half_v<T>, float, T>;
 
 /// x converted to To through From's compute type (a 16-bit value becomes a float first), so that any
-/// pair of dtypes converts with one expression.
+/// pair of dtypes converts with one expression. A floating value converted to an integer type is
+/// truncated toward zero and saturates at the type's range, NaN becoming 0: C++ leaves the
+/// conversion of a value outside the range undefined, and the host (which wraps: 300.0 -> 44 in
+/// uint8) and the GPU (which saturates) would disagree.
 template <class To, class From>
 DUALCAST_HD DUALCAST_INLINE To convert(From x) {
-  return static_cast<To>(static_cast<compute_t<From>>(x));
+  using C = compute_t<From>;
+  const C v = static_cast<C>(x);
+  if constexpr (std::is_integral_v<To> && !std::is_same_v<To, bool> && std::is_floating_point_v<C>) {
+    // To's range without <limits>, which NVRTC (dualcast.torch's kernels) does not have.
+    using U = std::make_unsigned_t<To>;
+    constexpr bool is_signed = To(-1) < To(0);
+    constexpr To hi = is_signed ? To(U(~U(0)) >> 1) : To(~U(0));
+    constexpr To lo = is_signed ? To(-hi - 1) : To(0);
+    if (!(v == v)) return To{0};
+    if (v <= static_cast<C>(lo)) return lo;
+    if (v >= static_cast<C>(hi)) return hi;  // hi may round up in C (int64 in float): then equal
+  }
+  return static_cast<To>(v);
 }
 
 }  // namespace dualcast

@@ -28,15 +28,17 @@ void set_float32_matmul_precision(const std::string& name);
 /// The current setting: "highest", "high" or "medium".
 std::string get_float32_matmul_precision();
 
-/// Autotuned float32 products on CUDA devices (at "highest"): each new product shape times
-/// cuBLASLt's exact-float32 algorithms once (its heuristic's candidates and split-K variants, compute
-/// type CUBLAS_COMPUTE_32F: no TF32) and keeps the fastest, as cuDNN's benchmark mode does for
-/// convolutions. Sums may be ordered differently from cublasSgemm's (split-K), so results agree with
-/// the default path to float32 rounding, not bit for bit; once a shape is searched its choice is
-/// fixed, and eager and captured steps give identical bits. A shape first met inside a Graph capture
-/// gets cuBLASLt's heuristic choice (nothing can be timed there) and is searched at its next eager
-/// call. Process-wide; the default is off unless DUALCAST_MATMUL_AUTOTUNE=1 is in the environment.
-/// The CPU ignores it.
+/// Autotuned float32 products on CUDA devices (at "highest"): each new product shape times, once,
+/// cublasSgemm and cuBLASLt's exact-float32 algorithms (its heuristic's candidates and split-K
+/// variants, compute type CUBLAS_COMPUTE_32F: no TF32) as bursts of back-to-back calls, and keeps
+/// cuBLASLt's fastest where it beats cublasSgemm by more than 3%, as the convolutions' algorithms
+/// are found. Sums may be ordered differently from
+/// cublasSgemm's (split-K), so results agree with the untuned path to float32 rounding, not bit for
+/// bit, and two processes may choose differently; within a process a shape's choice is fixed, and
+/// eager and captured steps give identical bits. A shape first met inside a Graph capture keeps
+/// cublasSgemm for good (nothing can be timed there). Process-wide; on by default,
+/// DUALCAST_MATMUL_AUTOTUNE=0 in the environment (or set_matmul_autotune(false)) turns it off for
+/// cublasSgemm's choices everywhere. The CPU ignores it.
 void set_matmul_autotune(bool on);
 [[nodiscard]] bool matmul_autotune();
 

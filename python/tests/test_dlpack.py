@@ -434,6 +434,29 @@ def test_a_consumer_on_another_stream_sees_what_dualcast_wrote():
     raises(BufferError, lambda: x.__dlpack__(dl_device=(1, 0), copy=False), "copy=False")
 
 
+def test_a_block_a_side_stream_consumer_drops_is_not_reused_before_its_work_ends():
+    # The consumer queues a long wait and then a read of dualcast's memory on its side stream, and drops
+    # the tensor before that read has run. dualcast's next tensor of that size gets the same block back
+    # from its cache, and its fill must come after the consumer's read, not before.
+    needs_cuda()
+    n = 1 << 24
+    x = core.zeros((n,), "float32", "cuda")
+    x.fill_(1.0)
+    block = x.data_ptr()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        u = torch.from_dlpack(x)  # __dlpack__(stream=side)
+        torch.cuda._sleep(200_000_000)  # ~0.1 s of spinning on the side stream
+        total = u.sum()
+    del u, x
+    gc.collect()
+    y = core.zeros((n,), "float32", "cuda")
+    assert y.data_ptr() == block, "the test needs the block reused (dualcast's cache hands it back)"
+    y.fill_(5.0)
+    assert total.item() == float(n), total.item()
+    assert y.sum().item() == 5.0 * n
+
+
 def test_cuda_tensors_convert_and_sum_like_the_cpu():
     needs_cuda()
     x = numbered((3, 129), "float32")

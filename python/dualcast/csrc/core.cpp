@@ -77,25 +77,11 @@ DType parse_dtype(const py::handle& obj, const char* op) {
 
 Device parse_device(const py::handle& obj, const char* op) {
   const std::string s = spelling(obj);
-  if (s == "cpu") return Device::cpu();
-  if (s == "cuda" || s.rfind("cuda:", 0) == 0) {
-    int index = 0;
-    if (s.size() > 5) {
-      std::size_t used = 0;
-      try {
-        index = std::stoi(s.substr(5), &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used != s.size() - 5) fail(std::string(op) + ": argument device: '" + s + "' (expected cpu, cuda or cuda:N)");
-    }
-    try {
-      return Device::cuda(index);
-    } catch (const Error& e) {
-      fail(std::string(op) + ": argument device '" + s + "': " + strip_prefix(e.what()));
-    }
+  try {
+    return Device::parse(s);
+  } catch (const Error& e) {
+    fail(std::string(op) + ": argument device: " + strip_prefix(e.what()));
   }
-  fail(std::string(op) + ": argument device: '" + s + "' (expected cpu, cuda or cuda:N)");
 }
 
 // Python ints and whatever has __index__ (numpy.int64, a 0-d integer tensor), but not bools; one
@@ -156,8 +142,17 @@ void capsule_destructor(PyObject* capsule) {
   PyErr_Restore(type, value, traceback);
 }
 
-py::capsule make_capsule(const Tensor& t) {
+/// The capsule of t; `prepare` adjusts the managed tensor first (it must not throw after changing it).
+py::capsule make_capsule(const Tensor& t, const std::function<void(dl::DLManagedTensor*)>& prepare = {}) {
   dl::DLManagedTensor* m = dualcast::to_dlpack(t);
+  if (prepare) {
+    try {
+      prepare(m);
+    } catch (...) {
+      m->deleter(m);
+      throw;
+    }
+  }
   PyObject* capsule = PyCapsule_New(m, kLegacy, capsule_destructor);
   if (capsule == nullptr) {
     m->deleter(m);
@@ -168,20 +163,21 @@ py::capsule make_capsule(const Tensor& t) {
 
 #if DUALCAST_WITH_CUDA
 // Makes the consumer's stream wait for what dualcast has queued on `device` so far (DLPack's
-// __dlpack__(stream=...)). None and 1 name the legacy default stream, which already waits for
-// dualcast's stream because that one is a blocking stream (stream.hpp); -1 asks for no ordering.
-// Any other stream, the per-thread default (2) included, waits on an event.
-void order_for_consumer(Device device, const py::object& stream) {
-  if (stream.is_none()) return;
+// __dlpack__(stream=...)), and returns that stream, or null where no ordering is needed. None and 1
+// name the legacy default stream, which already waits for dualcast's stream because that one is a
+// blocking stream (stream.hpp), and is waited for by it; -1 asks for no ordering. Any other stream,
+// the per-thread default (2) included, waits on an event.
+cudaStream_t order_for_consumer(Device device, const py::object& stream) {
+  if (stream.is_none()) return nullptr;
   const auto s = static_cast<std::intptr_t>(index_arg(stream, "Tensor.__dlpack__", "stream"));
-  if (s == -1 || s == 1) return;
+  if (s == -1 || s == 1) return nullptr;
   if (s == 0 || s < -1)
     throw py::value_error("Tensor.__dlpack__: argument stream=" + std::to_string(s) + " for a tensor on " +
                           device.str() + ": CUDA streams are None, -1, 1 (legacy default), 2 (per-thread "
                           "default) or a cudaStream_t; 0 is ambiguous and not allowed by DLPack");
   const cudaStream_t ours = dualcast::detail::stream(device);
   const cudaStream_t consumer = s == 2 ? cudaStreamPerThread : reinterpret_cast<cudaStream_t>(s);
-  if (consumer == ours) return;
+  if (consumer == ours) return nullptr;
   dualcast::detail::DeviceGuard guard(device);  // the event must belong to the stream's device
   cudaEvent_t event = nullptr;
   DUALCAST_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
@@ -189,6 +185,48 @@ void order_for_consumer(Device device, const py::object& stream) {
   if (status == cudaSuccess) status = cudaStreamWaitEvent(consumer, event, 0);
   cudaEventDestroy(event);  // CUDA keeps it until the wait is satisfied
   DUALCAST_CUDA_CHECK(status);
+  return consumer;
+}
+
+// A CUDA tensor handed to a consumer on another stream: when the consumer drops it, its block goes
+// back to dualcast's caching allocator, which hands blocks out again in the order of dualcast's
+// stream. So before the tensor is released, dualcast's stream is made to wait for everything the
+// consumer has queued on its stream so far (its reads and writes of the block): the next owner of
+// the block cannot start before them. The consumer's stream must still exist when it drops the
+// tensor, which DLPack asks of it anyway.
+struct StreamedExport {
+  void* inner_ctx;
+  void (*inner_deleter)(dl::DLManagedTensor*);
+  Device device;
+  cudaStream_t consumer;
+};
+
+void release_after_consumer(dl::DLManagedTensor* m) {
+  auto* e = static_cast<StreamedExport*>(m->manager_ctx);
+  {
+    dualcast::detail::DeviceGuard guard(e->device);
+    cudaEvent_t event = nullptr;
+    cudaError_t status = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+    if (status == cudaSuccess) status = cudaEventRecord(event, e->consumer);
+    if (status == cudaSuccess) status = cudaStreamWaitEvent(dualcast::detail::stream(e->device), event, 0);
+    if (event != nullptr) cudaEventDestroy(event);
+    // A deleter cannot throw; where the ordering failed, wait for the whole device instead (slower,
+    // still safe).
+    if (status != cudaSuccess) {
+      (void)cudaGetLastError();
+      (void)cudaDeviceSynchronize();
+    }
+  }
+  m->manager_ctx = e->inner_ctx;
+  m->deleter = e->inner_deleter;
+  delete e;
+  m->deleter(m);
+}
+
+/// Makes m's deleter order dualcast's stream after `consumer` first (see StreamedExport).
+void release_after(dl::DLManagedTensor* m, Device device, cudaStream_t consumer) {
+  m->manager_ctx = new StreamedExport{m->manager_ctx, m->deleter, device, consumer};
+  m->deleter = release_after_consumer;
 }
 #endif
 
@@ -240,7 +278,9 @@ py::capsule export_dlpack(const Tensor& t, const py::object& stream, const py::o
   if (!copy.is_none() && copy.cast<bool>() && !copied) out = t.clone();
   if (out.device().is_cuda()) {
 #if DUALCAST_WITH_CUDA
-    order_for_consumer(out.device(), stream);
+    const cudaStream_t consumer = order_for_consumer(out.device(), stream);
+    if (consumer != nullptr)
+      return make_capsule(out, [&](dl::DLManagedTensor* m) { release_after(m, out.device(), consumer); });
 #endif
   }
   // On the CPU dualcast's operations have finished when they return, so there is nothing to order:
