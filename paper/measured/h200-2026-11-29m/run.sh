@@ -1,22 +1,23 @@
 #!/bin/bash
-# Run h200-2026-11-29m: the float32 products' search (src/blas_lt.cpp, on by default since this run's
-# commit) measured in the HM-LSTM step. On the device machine, from the repository root, after
-# `scripts/gpu-check --build-only` on the same warm machine (its build/release is used as it is):
+# Run h200-2026-11-29m: the float32 products' search (src/blas_lt.cpp, on by default since commit
+# 975be7f) measured in the HM-LSTM step, and dualcast._core's DLPack test after its pybind11 mend.
+# Before it, on another fresh H200: `scripts/gpu-check --build-only` then `--only-tests --no-build`
+# at 975be7f (929 of 930; python.package.test_dlpack crashed: `import torch` after dualcast._core,
+# fixed by the next commit). On the device machine, from the repository root:
 #   bash paper/measured/h200-2026-11-29m/run.sh step
-#     the captured float32 step (hmlstm_step_profile) with the search off and on, twice each in turn;
-#     workload e with JAX at "highest" in the same call (search on, the default) and again with it
-#     off; then 300 training steps with the search on (the bits/char curve, issue 31)
+#     builds dualcast._core and the step's drivers; python.package.test_dlpack (ctest); the captured
+#     float32 step (hmlstm_step_profile) with the search off and on, twice each in turn; workload e
+#     with JAX at "highest" in the same call (search on, the default)
 set -u
 source scripts/device-run.sh "${1:?step}"
 case $1 in
 step)
+  dr_build dualcast_core hmlstm_step_profile hmlstm_experiment
+  (cd $B && timeout 120 ctest -R "python.package.test_dlpack" --output-on-failure > "$R/test_dlpack.log" 2>&1)
+  echo "test_dlpack rc=$? at $((SECONDS - t0)) s: $(grep -E 'tests passed|python tests' "$R/test_dlpack.log" | tr '\n' ' ')"
   for i in 1 2; do
     for on in 0 1; do DUALCAST_MATMUL_AUTOTUNE=$on dr_step fp32 "step_autotune${on}_$i"; done
   done
   dr_e fp32
-  DUALCAST_MATMUL_AUTOTUNE=0 timeout 120 $E --workloads e --e-reps 20 --train-steps 0 --out "$R/e_fp32_off" \
-    > "$R/e_fp32_off.log" 2>&1
-  echo "e, search off: rc=$?"; grep -E "^e " "$R/e_fp32_off.log" | tail -3
-  dr_train fp32 1
   dr_pack ;;
 esac
