@@ -23,7 +23,25 @@ _core = None
 _reason = None
 
 
+def _torch_first():
+    """Imports PyTorch before dualcast._core where PyTorch is installed and not yet imported.
+
+    On the GPU machine (PyTorch 2.11 with its CUDA 13 wheels, 2026-11-29, paper/measured/h200-2026-11-29m)
+    `import torch` crashed in its operator registry when dualcast._core had been loaded first, and
+    worked the other way round; until the cause is found, the order that works is the one taken.
+    DUALCAST_CORE_TORCH_FIRST=0 skips it (for finding that cause)."""
+    if "torch" in sys.modules or os.environ.get("DUALCAST_CORE_TORCH_FIRST", "1") == "0":
+        return
+    try:
+        if importlib.util.find_spec("torch") is None:
+            return
+        import torch  # noqa: F401, PLC0415
+    except Exception:  # noqa: BLE001 - a PyTorch that does not import is not ours to report
+        pass
+
+
 def _load():
+    _torch_first()
     folder = os.environ.get("DUALCAST_CORE_DIR")
     if not folder:
         from . import _core as module  # noqa: PLC0415 - optional: a pure-Python install has none
