@@ -4,7 +4,7 @@
 # Before it, on another fresh H200: `scripts/gpu-check --build-only` then `--only-tests --no-build`
 # at 975be7f (929 of 930; python.package.test_dlpack crashed: `import torch` after dualcast._core,
 # fixed by the next commit). On the device machine, from the repository root:
-#   bash paper/measured/h200-2026-11-29m/run.sh step | dlpack
+#   bash paper/measured/h200-2026-11-29m/run.sh step | dlpack | dlpack2
 #     builds dualcast._core and the step's drivers; python.package.test_dlpack (ctest); the captured
 #     float32 step (hmlstm_step_profile) with the search off and on, twice each in turn; workload e
 #     with JAX at "highest" in the same call (search on, the default)
@@ -39,4 +39,9 @@ dlpack)  # after `step` found test_dlpack still crashing: the loader's torch-fir
   ldd "$so" > "$R/ldd.txt" 2>&1; grep -E "cudnn|nccl|stdc|blas|cudart" "$R/ldd.txt"
   python3 -c "import torch, os; print(torch.__file__)"; ls /opt/torch/.venv/lib/python3.12/site-packages/nvidia/*/lib 2>/dev/null | head -20
   dr_pack ;;
+dlpack2)  # test_dlpack run directly (faulthandler names the test that crashes), after its stream fix
+  dr_build dualcast_core
+  DUALCAST_CORE_DIR=$PWD/$B/python/dualcast DUALCAST_CORE_REQUIRED=1 timeout 120 python3 -X faulthandler \
+    python/tests/run.py --module test_dlpack > "$R/test_dlpack.log" 2>&1
+  echo "test_dlpack rc=$? at $((SECONDS - t0)) s"; grep -v "^ok" "$R/test_dlpack.log" | head -40 ;;
 esac
