@@ -83,12 +83,6 @@ set_target_properties(dualcast_core PROPERTIES
   CXX_VISIBILITY_PRESET hidden
   VISIBILITY_INLINES_HIDDEN ON)
 target_compile_options(dualcast_core PRIVATE -Wall -Wextra)
-# pybind11 shares one "internals" structure between every module built with the same internals
-# version and ABI tag. PyTorch bundles its own pybind11 (3.0 in PyTorch 2.11) while dualcast builds
-# with whichever the machine has (3.1 from pip on the GPU machine): the two agreed on the tag but not
-# on the structure, and `import torch` after dualcast._core crashed in torch._ops. dualcast passes
-# nothing but DLPack capsules and its own types across modules, so it keeps internals of its own.
-target_compile_definitions(dualcast_core PRIVATE PYBIND11_INTERNALS_KIND="_dualcast")
 set(DUALCAST_PYTHON_BUILT ON)
 message(STATUS "dualcast: Python module dualcast._core for ${Python3_EXECUTABLE} (Python ${Python3_VERSION}, "
                "${Python3_SOABI}), with ${_dc_pybind11}, into ${DUALCAST_PYTHON_MODULE_DIR}")

@@ -27,9 +27,11 @@ def _torch_first():
     """Imports PyTorch before dualcast._core where PyTorch is installed and not yet imported.
 
     On the GPU machine (PyTorch 2.11 with its CUDA 13 wheels, 2026-11-29, paper/measured/h200-2026-11-29m)
-    `import torch` crashed in its operator registry when dualcast._core had been loaded first, and
-    worked the other way round; until the cause is found, the order that works is the one taken.
-    DUALCAST_CORE_TORCH_FIRST=0 skips it (for finding that cause)."""
+    `import torch` crashed in its operator registry (torch._ops) after dualcast._core's shared
+    library had been loaded, even with ctypes.CDLL alone (so not in pybind11's module set-up), and
+    worked the other way round; loading the system's libcudart, libcublas, libcublasLt, libcudnn,
+    libnccl or libopenblas first did not crash it. Until the cause is found, the order that works is
+    the one taken. DUALCAST_CORE_TORCH_FIRST=0 skips it (for finding that cause)."""
     if "torch" in sys.modules or os.environ.get("DUALCAST_CORE_TORCH_FIRST", "1") == "0":
         return
     try:

@@ -13,6 +13,7 @@ DUALCAST_CACHE_DIR is set.
 Prints "python tests: all N passed (S skipped)" on success; exit status 1 on a failure.
 """
 import argparse
+import faulthandler
 import importlib
 import os
 import shutil
@@ -24,6 +25,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def main():
+    # A crash in compiled code (dualcast._core, a CUDA library) then prints the Python stack of the
+    # test it happened in, and every line before it is out (ctest's log is a file: stdout is
+    # block-buffered there).
+    faulthandler.enable()
+    sys.stdout.reconfigure(line_buffering=True)
     ap = argparse.ArgumentParser()
     ap.add_argument("-k", default="", help="run only the tests whose name contains this")
     ap.add_argument("--module", default="", help="run only the tests of this file (test_NAME, without .py)")
