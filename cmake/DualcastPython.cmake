@@ -83,6 +83,19 @@ set_target_properties(dualcast_core PROPERTIES
   CXX_VISIBILITY_PRESET hidden
   VISIBILITY_INLINES_HIDDEN ON)
 target_compile_options(dualcast_core PRIVATE -Wall -Wextra)
+# The module exports its entry point and nothing else. Without this it exported some 700 symbols:
+# template instantiations, libdualcast.a's, and GNU "unique" ones (function-local statics of inline
+# code), which the dynamic loader binds process-wide whatever RTLD_LOCAL says. Where the compiler
+# links libstdc++ statically (the GPU machine's /opt/gcc 13.3: the module needed no libstdc++.so),
+# libstdc++'s own objects were among them, so a PyTorch imported afterwards could bind to the
+# module's copies of another libstdc++ version: `import torch` after dualcast._core crashed there
+# (paper/measured/h200-2026-11-29m). Hiding them keeps each library's C++ runtime its own.
+if(CMAKE_SYSTEM_NAME STREQUAL "Linux")
+  set(_dc_core_map ${CMAKE_CURRENT_BINARY_DIR}/dualcast_core.map)
+  file(WRITE ${_dc_core_map} "{ global: PyInit__core; local: *; };\n")
+  target_link_options(dualcast_core PRIVATE "LINKER:--version-script=${_dc_core_map}" "LINKER:--exclude-libs,ALL")
+  set_target_properties(dualcast_core PROPERTIES LINK_DEPENDS ${_dc_core_map})
+endif()
 set(DUALCAST_PYTHON_BUILT ON)
 message(STATUS "dualcast: Python module dualcast._core for ${Python3_EXECUTABLE} (Python ${Python3_VERSION}, "
                "${Python3_SOABI}), with ${_dc_pybind11}, into ${DUALCAST_PYTHON_MODULE_DIR}")

@@ -30,8 +30,11 @@ def _torch_first():
     `import torch` crashed in its operator registry (torch._ops) after dualcast._core's shared
     library had been loaded, even with ctypes.CDLL alone (so not in pybind11's module set-up), and
     worked the other way round; loading the system's libcudart, libcublas, libcublasLt, libcudnn,
-    libnccl or libopenblas first did not crash it. Until the cause is found, the order that works is
-    the one taken. DUALCAST_CORE_TORCH_FIRST=0 skips it (for finding that cause)."""
+    libnccl or libopenblas first did not crash it. The likely cause, found afterwards on the CPU: the
+    module exported some 750 symbols, GNU unique ones (bound process-wide) among them, and there
+    libstdc++'s own, linked statically by that machine's compiler; it now exports its entry point
+    only (cmake/DualcastPython.cmake). Until a GPU run shows that this was the cause, the order that
+    works is kept. DUALCAST_CORE_TORCH_FIRST=0 skips it."""
     if "torch" in sys.modules or os.environ.get("DUALCAST_CORE_TORCH_FIRST", "1") == "0":
         return
     try:

@@ -6,6 +6,8 @@ whole file skips where it is not built, and fails where ctest says it was (DUALC
 
 import gc
 import os
+import shutil
+import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -195,6 +197,19 @@ def test_the_dlpack_arguments_max_version_dl_device_copy_and_stream():
     raises(core.Error, lambda: x.__dlpack__(stream=2 ** 70), "stream", "64 bits")
     if core.build_info()["cuda_devices"] == 0:
         raises(BufferError, lambda: x.__dlpack__(dl_device=(2, 0)), "dl_device", "cpu")
+
+
+def test_the_module_exports_its_entry_point_and_nothing_else():
+    # Every other exported symbol (libstdc++'s, where the compiler links it statically; libdualcast's;
+    # GNU unique ones, which bind process-wide) could be bound by a library loaded after it: on the GPU
+    # machine `import torch` after dualcast._core crashed so (cmake/DualcastPython.cmake).
+    nm = shutil.which("nm")
+    if not sys.platform.startswith("linux") or nm is None:
+        raise Skip("needs Linux and nm")
+    path = core._core.__file__
+    out = subprocess.run([nm, "-D", "--defined-only", path], capture_output=True, text=True, check=True).stdout
+    names = sorted(line.split()[-1] for line in out.splitlines() if line.strip())
+    assert names == ["PyInit__core"], (path, len(names), names[:10])
 
 
 def test_bad_input_is_an_exception_that_names_the_operation_and_the_argument():
