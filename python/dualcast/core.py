@@ -23,30 +23,7 @@ _core = None
 _reason = None
 
 
-def _torch_first():
-    """Imports PyTorch before dualcast._core where PyTorch is installed and not yet imported.
-
-    On the GPU machine (PyTorch 2.11 with its CUDA 13 wheels, 2026-11-29, paper/measured/h200-2026-11-29m)
-    `import torch` crashed in its operator registry (torch._ops) after dualcast._core's shared
-    library had been loaded, even with ctypes.CDLL alone (so not in pybind11's module set-up), and
-    worked the other way round; loading the system's libcudart, libcublas, libcublasLt, libcudnn,
-    libnccl or libopenblas first did not crash it. The likely cause, found afterwards on the CPU: the
-    module exported some 750 symbols, GNU unique ones (bound process-wide) among them, and there
-    libstdc++'s own, linked statically by that machine's compiler; it now exports its entry point
-    only (cmake/DualcastPython.cmake). Until a GPU run shows that this was the cause, the order that
-    works is kept. DUALCAST_CORE_TORCH_FIRST=0 skips it."""
-    if "torch" in sys.modules or os.environ.get("DUALCAST_CORE_TORCH_FIRST", "1") == "0":
-        return
-    try:
-        if importlib.util.find_spec("torch") is None:
-            return
-        import torch  # noqa: F401, PLC0415
-    except Exception:  # noqa: BLE001 - a PyTorch that does not import is not ours to report
-        pass
-
-
 def _load():
-    _torch_first()
     folder = os.environ.get("DUALCAST_CORE_DIR")
     if not folder:
         from . import _core as module  # noqa: PLC0415 - optional: a pure-Python install has none

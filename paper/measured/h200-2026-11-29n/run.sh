@@ -3,6 +3,10 @@
 # the crash of `import torch` after it that h200-2026-11-29m found, then test_dlpack with and without
 # the loader's torch-first order. On the device machine, from the repository root:
 #   bash paper/measured/h200-2026-11-29n/run.sh dlpack
+#   bash paper/measured/h200-2026-11-29n/run.sh loads
+#     the 16-bit broadcast kernels' operands loaded as 32-bit words (kernels/broadcast.cuh) against
+#     the kernels before (broadcast_before.cuh, built in a copy of the tree): workloads a and b in
+#     bf16 at 4096^2 and 8192^2, two rounds each in turn, and both under Nsight Compute
 set -u
 source scripts/device-run.sh "${1:?dlpack}"
 case $1 in
@@ -20,6 +24,32 @@ dlpack)
     DUALCAST_CORE_TORCH_FIRST=$first DUALCAST_CORE_REQUIRED=1 timeout 120 python3 -X faulthandler \
       python/tests/run.py --module test_dlpack > "$R/test_dlpack_first$first.log" 2>&1
     echo "test_dlpack torch-first=$first rc=$? at $((SECONDS - t0)) s"; grep -v "^ok" "$R/test_dlpack_first$first.log" | tail -15
+  done
+  dr_pack ;;
+loads)
+  rm -rf /tmp/base && mkdir -p /tmp/base && tar cf - --exclude=./build --exclude=./.git . | tar xf - -C /tmp/base
+  cp paper/measured/h200-2026-11-29n/broadcast_before.cuh /tmp/base/kernels/broadcast.cuh
+  (cd /tmp/base && cmake --preset release > "$R/configure_base.log" 2>&1 &&
+     cmake --build --preset release -j8 --target hmlstm_experiment profile_broadcast > "$R/build_base.log" 2>&1) &
+  cmake --preset release > "$R/configure.log" 2>&1 &&
+    cmake --build --preset release -j8 --target hmlstm_experiment profile_broadcast > "$R/build.log" 2>&1 ||
+    { echo "build FAILED"; tail -30 "$R/build.log"; exit 1; }
+  wait || true
+  [ -x /tmp/base/$E ] || { echo "baseline build FAILED"; tail -30 "$R/build_base.log"; exit 1; }
+  echo "built both in $((SECONDS - t0)) s"
+  for round in 1 2; do
+    for v in before after; do
+      bin=$E; [ $v = before ] && bin=/tmp/base/$E
+      timeout 90 $bin --workloads a,b --dims 4096,8192 --precision bf16 --no-graphs --reps 30 --warmup 5 \
+        --out "$R/ab_${v}_$round" > "$R/ab_${v}_$round.log" 2>&1
+      echo "$v round $round rc=$? at $((SECONDS - t0)) s"; grep -E "^[ab] [0-9]" "$R/ab_${v}_$round.log"
+    done
+  done
+  for v in before after; do
+    b=$B; [ $v = before ] && b=/tmp/base/$B
+    timeout 100 python3 scripts/ncu-broadcast --build $b --out "$R/ncu_$v" --label bf16-$v --dtype bfloat16 \
+      --configs a:4096,b:4096 > "$R/ncu_$v.log" 2>&1
+    echo "ncu $v rc=$?"; tail -5 "$R/ncu_$v.log"
   done
   dr_pack ;;
 esac
