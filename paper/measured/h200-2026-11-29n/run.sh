@@ -7,6 +7,9 @@
 #     the 16-bit broadcast kernels' operands loaded as 32-bit words (kernels/broadcast.cuh) against
 #     the kernels before (broadcast_before.cuh, built in a copy of the tree): workloads a and b in
 #     bf16 at 4096^2 and 8192^2, two rounds each in turn, and both under Nsight Compute
+#   bash paper/measured/h200-2026-11-29n/run.sh peers
+#     after the change: a and b in bf16 with torch.compile of the same cells in bf16 (same run), and
+#     in fp16
 set -u
 source scripts/device-run.sh "${1:?dlpack}"
 case $1 in
@@ -51,5 +54,14 @@ loads)
       --configs a:4096,b:4096 > "$R/ncu_$v.log" 2>&1
     echo "ncu $v rc=$?"; tail -5 "$R/ncu_$v.log"
   done
+  dr_pack ;;
+peers)
+  dr_build hmlstm_experiment
+  timeout 300 $E --workloads a,b --dims 4096,8192 --precision bf16 --no-graphs --reps 30 --warmup 5 \
+    --peers --peer-methods compile --out "$R/ab_bf16" > "$R/ab_bf16.log" 2>&1
+  echo "bf16 with torch.compile rc=$? at $((SECONDS - t0)) s"; grep -E "^[ab] [0-9]" "$R/ab_bf16.log"
+  timeout 90 $E --workloads a,b --dims 4096,8192 --precision fp16 --no-graphs --reps 30 --warmup 5 \
+    --out "$R/ab_fp16" > "$R/ab_fp16.log" 2>&1
+  echo "fp16 rc=$? at $((SECONDS - t0)) s"; grep -E "^[ab] [0-9]" "$R/ab_fp16.log"
   dr_pack ;;
 esac
