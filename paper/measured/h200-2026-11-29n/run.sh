@@ -9,7 +9,8 @@
 #     bf16 at 4096^2 and 8192^2, two rounds each in turn, and both under Nsight Compute
 #   bash paper/measured/h200-2026-11-29n/run.sh peers
 #     after the change: a and b in bf16 with torch.compile of the same cells in bf16 (same run), and
-#     in fp16
+#     in fp16; and a variant, not on main, whose 16-bit kernels take 16-byte packets (8 values a
+#     chunk for K <= 6, built in a copy of the tree), a and b in bf16
 set -u
 source scripts/device-run.sh "${1:?dlpack}"
 case $1 in
@@ -56,12 +57,26 @@ loads)
   done
   dr_pack ;;
 peers)
-  dr_build hmlstm_experiment
-  timeout 300 $E --workloads a,b --dims 4096,8192 --precision bf16 --no-graphs --reps 30 --warmup 5 \
-    --peers --peer-methods compile --out "$R/ab_bf16" > "$R/ab_bf16.log" 2>&1
-  echo "bf16 with torch.compile rc=$? at $((SECONDS - t0)) s"; grep -E "^[ab] [0-9]" "$R/ab_bf16.log"
+  rm -rf /tmp/var && mkdir -p /tmp/var && tar cf - --exclude=./build --exclude=./.git . | tar xf - -C /tmp/var
+  sed -i 's/static constexpr int V = chunk_width<T, K>;/static constexpr int V = is_half_v<S> \&\& K <= 6 ? 8 : chunk_width<T, K>;/; s/static constexpr int V = STORE ? chunk_width<T, K> : recompute_chunk_width<T, K>;/static constexpr int V = is_half_v<S> \&\& K <= 6 ? 8 : STORE ? chunk_width<T, K> : recompute_chunk_width<T, K>;/' /tmp/var/kernels/broadcast.cuh
+  diff kernels/broadcast.cuh /tmp/var/kernels/broadcast.cuh > "$R/variant.diff"
+  (cd /tmp/var && cmake --preset release > /dev/null 2>&1 &&
+     cmake --build --preset release -j8 --target hmlstm_experiment > "$R/build_var.log" 2>&1) &
+  cmake --preset release > "$R/configure.log" 2>&1 &&
+    cmake --build --preset release -j8 --target hmlstm_experiment > "$R/build.log" 2>&1 ||
+    { echo "build FAILED"; tail -30 "$R/build.log"; exit 1; }
+  wait || true
+  echo "built both in $((SECONDS - t0)) s ($(wc -l < "$R/variant.diff") diff lines)"
   timeout 90 $E --workloads a,b --dims 4096,8192 --precision fp16 --no-graphs --reps 30 --warmup 5 \
     --out "$R/ab_fp16" > "$R/ab_fp16.log" 2>&1
   echo "fp16 rc=$? at $((SECONDS - t0)) s"; grep -E "^[ab] [0-9]" "$R/ab_fp16.log"
+  if [ -x /tmp/var/$E ]; then
+    timeout 90 /tmp/var/$E --workloads a,b --dims 4096,8192 --precision bf16 --no-graphs --reps 30 --warmup 5 \
+      --out "$R/ab_bf16_variant16B" > "$R/ab_bf16_variant16B.log" 2>&1
+    echo "variant (16-byte packets) bf16 rc=$? at $((SECONDS - t0)) s"; grep -E "^[ab] [0-9]" "$R/ab_bf16_variant16B.log"
+  else echo "variant build FAILED"; tail -20 "$R/build_var.log"; fi
+  timeout 220 $E --workloads a,b --dims 4096,8192 --precision bf16 --no-graphs --reps 30 --warmup 5 \
+    --peers --peer-methods compile --out "$R/ab_bf16" > "$R/ab_bf16.log" 2>&1
+  echo "bf16 with torch.compile rc=$? at $((SECONDS - t0)) s"; grep -E "^[ab] [0-9]" "$R/ab_bf16.log"
   dr_pack ;;
 esac
