@@ -5,7 +5,7 @@
 #   bash paper/measured/h200-2026-11-29n/run.sh dlpack
 #   bash paper/measured/h200-2026-11-29n/run.sh loads
 #     the 16-bit broadcast kernels' operands loaded as 32-bit words (kernels/broadcast.cuh) against
-#     the kernels before (loads_change.patch reversed, built in a copy of the tree): workloads a and b in
+#     the kernels before (broadcast_before.cuh, built in a copy of the tree): workloads a and b in
 #     bf16 at 4096^2 and 8192^2, two rounds each in turn, and both under Nsight Compute
 #   bash paper/measured/h200-2026-11-29n/run.sh peers
 #     after the change: a and b in bf16 with torch.compile of the same cells in bf16 (same run), and
@@ -32,9 +32,7 @@ dlpack)
   dr_pack ;;
 loads)
   rm -rf /tmp/base && mkdir -p /tmp/base && tar cf - --exclude=./build --exclude=./.git . | tar xf - -C /tmp/base
-  # the kernels before the change: this run copied them whole (then broadcast_before.cuh); they are
-  # the change reversed
-  patch -s -R /tmp/base/kernels/broadcast.cuh < paper/measured/h200-2026-11-29n/loads_change.patch
+  cp paper/measured/h200-2026-11-29n/broadcast_before.cuh /tmp/base/kernels/broadcast.cuh
   (cd /tmp/base && cmake --preset release > "$R/configure_base.log" 2>&1 &&
      cmake --build --preset release -j8 --target hmlstm_experiment profile_broadcast > "$R/build_base.log" 2>&1) &
   cmake --preset release > "$R/configure.log" 2>&1 &&
